@@ -51,6 +51,9 @@ class Symbol:
     moved_to: tuple[str, ...] = ()        # known later homes ("module:qualname"): info, not breaking
     optional: bool = False                # absent is fine (e.g. the legacy runner, removed in 0.34)
     tracks: str = ""                      # upstream PR / release this entry is about
+    sites: tuple[str, ...] = ()           # REBIND: binding sites known to us (others: info)
+    backport: tuple[str, ...] = ()        # params our backport supplies when upstream lacks them:
+                                          # their absence is info in backport mode, breaking in native
 
     @property
     def path(self) -> str:
@@ -72,17 +75,19 @@ SURFACE: tuple[Symbol, ...] = (
         on_change="Our wrapper mirrors the installed signature at load; a parameter upstream "
         "callers pass that the wrapped factory lacks is a TypeError at model build.",
         params=("top_k", "global_num_experts", "use_grouped_topk", "skip_padding"),
+        backport=("skip_padding",),
         tracks="vLLM PR #56079 (0.31) added skip_padding",
     ),
     Symbol(
         key="router_factory_binding_sites",
-        module=FUSED_MOE,
+        module=f"{ROUTER}.router_factory",   # where it is defined; binding sites import it by name
         qualname="create_fused_moe_router",
         kind=Kind.FUNCTION,
         use=Use.REBIND,
         why="Modules that did `from ... import create_fused_moe_router` keep the original "
         "object; each must be rebound (layer.py; models/step5/nvidia/mega_moe.py since 0.33).",
         on_change="A new binding site that we do not rebind builds routers that never mask.",
+        sites=(f"{FUSED_MOE}.layer", "vllm.models.step5.nvidia.mega_moe"),
     ),
     Symbol(
         key="grouped_topk_router",
@@ -94,6 +99,7 @@ SURFACE: tuple[Symbol, ...] = (
         "(0.31+); we detect that to avoid masking twice.",
         on_change="If skip_padding leaves __init__, native masking is gone and we must backport.",
         params=("skip_padding",),
+        backport=("skip_padding",),
         tracks="vLLM PR #56079",
     ),
     Symbol(
@@ -178,6 +184,7 @@ SURFACE: tuple[Symbol, ...] = (
         "padded rows are routed again.",
         on_change="Lost propagation: padded rows of every micro-batch reach experts.",
         optional=True,
+        backport=("is_padding",),
         moved_to=("vllm.v1.worker.gpu.ubatch_utils:UBatchRunner._make_forward_contexts",),
         tracks="vLLM PR #56079",
     ),
