@@ -1,0 +1,141 @@
+"""Plugin load overhead: vLLM start-up with our plugin allowed vs excluded, in fresh processes.
+
+What a user pays at every vLLM process start (front end, engine core, each worker):
+``import vllm``, platform resolution (which calls platform plugins) and
+``load_general_plugins()`` (which calls general plugins).  Each sample is a fresh
+interpreter so nothing is cached in ``sys.modules``; on/off samples alternate so drift
+on a busy machine hits both alike; the figure is the median.
+
+"Off" sets ``VLLM_PLUGINS`` to every other discovered plugin, so vLLM runs the same
+allow-list code path and loads the same other plugins; only ours is left out.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+PLUGIN_NAME = "padplugin"
+GROUPS = ("vllm.platform_plugins", "vllm.general_plugins")
+
+_PROBE = r"""
+import json, sys, time
+t0 = time.perf_counter()
+import vllm
+t1 = time.perf_counter()
+from vllm.platforms import current_platform
+current_platform.device_type
+t2 = time.perf_counter()
+from vllm.plugins import load_general_plugins
+load_general_plugins()
+t3 = time.perf_counter()
+print("PADPLUGIN_LOAD_PROBE " + json.dumps({
+    "import_vllm_s": t1 - t0, "platform_s": t2 - t1, "general_plugins_s": t3 - t2, "total_s": t3 - t0,
+    "plugin_modules": sorted(m for m in sys.modules if m.startswith("vllm_padplugin")),
+}))
+"""
+
+_LIST_PLUGINS = (
+    "import json; from importlib.metadata import entry_points; "
+    f"print(json.dumps(sorted({{e.name for g in {GROUPS!r} for e in entry_points(group=g)}})))"
+)
+
+
+class LoadBenchError(RuntimeError):
+    """The probe could not run in the given interpreter."""
+
+
+def _env(extra: dict[str, str | None]) -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    for key, value in extra.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return env
+
+
+def discovered_plugins(python: str) -> list[str]:
+    """Names of every vLLM platform/general plugin installed for ``python``."""
+    out = subprocess.run([python, "-c", _LIST_PLUGINS], capture_output=True, text=True, check=False)
+    if out.returncode:
+        raise LoadBenchError(f"{python} cannot list entry points: {out.stderr.strip()[-500:]}")
+    return json.loads(out.stdout)
+
+
+def variants(python: str) -> dict[str, dict[str, str | None]]:
+    """Env overrides: plugin on (vLLM's default, VLLM_PLUGINS unset) and off (everything but ours)."""
+    others = [name for name in discovered_plugins(python) if name != PLUGIN_NAME]
+    return {"plugin_on": {"VLLM_PLUGINS": None}, "plugin_off": {"VLLM_PLUGINS": ",".join(others)}}
+
+
+def probe(python: str, env: dict[str, str | None], *flags: str) -> tuple[dict[str, Any], str]:
+    """One fresh interpreter: phase times (and stderr, for ``-X importtime``)."""
+    start = time.perf_counter()
+    out = subprocess.run([python, *flags, "-c", _PROBE], capture_output=True, text=True, env=_env(env), check=False)
+    wall = time.perf_counter() - start
+    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("PADPLUGIN_LOAD_PROBE ")), None)
+    if out.returncode or line is None:
+        raise LoadBenchError(f"probe failed in {python} (rc={out.returncode}): {out.stderr.strip()[-800:]}")
+    result = json.loads(line.split(" ", 1)[1])
+    result["process_wall_s"] = wall
+    return result, out.stderr
+
+
+def run(python: str = sys.executable, repeats: int = 10) -> dict[str, Any]:
+    """Alternate on/off probes ``repeats`` times each; medians and the on/off ratio."""
+    envs = variants(python)
+    samples: dict[str, list[dict[str, Any]]] = {name: [] for name in envs}
+    probe(python, envs["plugin_off"])  # warm the OS file cache once, not counted
+    for i in range(repeats):
+        order = list(envs) if i % 2 == 0 else list(reversed(envs))
+        for name in order:
+            samples[name].append(probe(python, envs[name])[0])
+    phases = ("import_vllm_s", "platform_s", "general_plugins_s", "total_s", "process_wall_s")
+    medians = {name: {p: statistics.median(s[p] for s in runs) for p in phases} for name, runs in samples.items()}
+    on, off = medians["plugin_on"], medians["plugin_off"]
+    return {
+        "python": python,
+        "repeats": repeats,
+        "vllm_plugins": {name: env["VLLM_PLUGINS"] for name, env in envs.items()},
+        "plugin_modules_loaded": {name: runs[0]["plugin_modules"] for name, runs in samples.items()},
+        "median_s": medians,
+        "overhead_ratio": on["total_s"] / off["total_s"],
+        "overhead_pct": 100 * (on["total_s"] / off["total_s"] - 1),
+        "overhead_ms": 1000 * (on["total_s"] - off["total_s"]),
+        "plugin_phases_ms": {
+            p: 1000 * (on[p] - off[p]) for p in ("import_vllm_s", "platform_s", "general_plugins_s")
+        },
+        "samples": samples,
+    }
+
+
+def _importtime(stderr: str) -> dict[str, tuple[int, int]]:
+    """``-X importtime`` lines -> {module: (self_us, cumulative_us)}."""
+    table = {}
+    for line in stderr.splitlines():
+        if not line.startswith("import time:") or "self [us]" in line:
+            continue
+        self_us, cum_us, name = (part.strip() for part in line[len("import time:"):].split("|"))
+        table[name] = (int(self_us), int(cum_us))
+    return table
+
+
+def explain(python: str = sys.executable, top: int = 15) -> dict[str, Any]:
+    """Where the plugin's time goes: modules imported only with the plugin on, by self time."""
+    envs = variants(python)
+    on = _importtime(probe(python, envs["plugin_on"], "-X", "importtime")[1])
+    off = _importtime(probe(python, envs["plugin_off"], "-X", "importtime")[1])
+    extra = sorted(((name, *on[name]) for name in on if name not in off), key=lambda t: -t[1])
+    ours = sorted(((name, *on[name]) for name in on if name.startswith("vllm_padplugin")), key=lambda t: -t[1])
+    return {
+        "extra_modules_total_self_ms": sum(t[1] for t in extra) / 1000,
+        "extra_modules": [{"module": n, "self_ms": s / 1000, "cumulative_ms": c / 1000} for n, s, c in extra[:top]],
+        "extra_module_count": len(extra),
+        "plugin_modules": [{"module": n, "self_ms": s / 1000, "cumulative_ms": c / 1000} for n, s, c in ours],
+    }
