@@ -63,12 +63,17 @@ def check_presence(view, module: str, qualname: str, *, optional=False, moved_to
                           sev, f"Patch {head} where it is defined now (follow the shim's __getattr__) "
                           "and rebind its binding sites.", key))
             return out, None
-        cands = view.find_definitions(qualname.split(".")[-1] if "." not in qualname else head) if head else []
+        # where did it go?  (the last part: a function/class name, or the module's symbol)
+        found = qualname.split(".")[-1]
+        cands = view.find_definitions(found) if head else []
+        if not cands and "." in qualname:
+            found = head
+            cands = view.find_definitions(head)
         cands = [c for c in cands if c != module]
         if cands:
-            out.append(_f(SYMBOL_MOVED, path, f"{path} no longer exists; {head} is now defined in "
+            out.append(_f(SYMBOL_MOVED, path, f"{path} no longer exists; {found} is now defined in "
                           f"{', '.join(cands)}", "breaking",
-                          f"Point the plugin (and its registry entry) at {cands[0]}.{qualname}.", key,
+                          f"Point the plugin (and its registry entry) at {cands[0]}.{found}.", key,
                           moved_to=cands))
         elif missing_mod:
             out.append(_f(MODULE_REMOVED, path, f"module {module} is gone", "breaking",
@@ -298,4 +303,10 @@ def check_surface(view, surface: Iterable[Symbol] = SURFACE, baseline: Baseline 
             out += check_env(view, s.qualname, s.default, key=s.key)
             continue
         out += check_symbol(view, s, mode, baseline)
-    return out
+    seen, uniq = set(), []
+    for f in out:     # two registry entries may name one symbol (factory + its binding sites)
+        i = (f.kind, f.symbol, str(f.extra.get("item", "")))
+        if i not in seen:
+            seen.add(i)
+            uniq.append(f)
+    return uniq

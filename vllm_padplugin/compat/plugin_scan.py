@@ -150,6 +150,26 @@ class _FileScan(ast.NodeVisitor):
         d = self.dotted(node)
         if d and d.startswith("vllm.envs.VLLM_"):
             self.uses.append(Use("env", d.rsplit(".", 1)[1], self.w(node)))
+        elif d and isinstance(node.ctx, ast.Load):
+            self.uses.append(Use("import", d, self.w(node)))   # a read of a vLLM name
+            return    # inner parts of the chain are prefixes of this one
+        self.generic_visit(node)
+
+    def visit_For(self, node):
+        """``for m in (mod_a, mod_b): m.f = g``: the loop body runs once per vLLM module alias."""
+        if (isinstance(node.target, ast.Name) and isinstance(node.iter, (ast.Tuple, ast.List))
+                and node.iter.elts and all(isinstance(e, ast.Name) and e.id in self.alias
+                                           for e in node.iter.elts)):
+            saved = self.alias.get(node.target.id)
+            for e in node.iter.elts:
+                self.alias[node.target.id] = self.alias[e.id]
+                for st in node.body:
+                    self.visit(st)
+            if saved is None:
+                self.alias.pop(node.target.id, None)
+            else:
+                self.alias[node.target.id] = saved
+            return
         self.generic_visit(node)
 
 
