@@ -253,3 +253,45 @@ def test_overall_status_rules():
     assert hourly_report.overall_status(st(("failed", True), ("passed", True))) == "red"
     assert hourly_report.overall_status(st(("passed", True), ("passed", True), ("error", False))) == "red"
     assert [hourly_state.backoff(n).total_seconds() / 3600 for n in range(7)] == [0, 1, 2, 4, 8, 16, 24]
+
+
+def _git(*args: str, cwd: Path | None = None) -> str:
+    env = {**__import__("os").environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.invalid"}
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True, env=env).stdout
+
+
+def test_push_state_keeps_the_branch_and_only_fast_forwards(tmp_path):
+    """ci/push_state (the workflow's only write step) against a local bare remote."""
+    remote, branch = tmp_path / "remote.git", "ci/vllm-last-good"
+    _git("init", "-q", "--bare", str(remote))
+    vllm = FakeVllmRepo(tmp_path / "vllm")
+    c0 = vllm.clean()
+    state = tmp_path / "state"
+    assert hourly(vllm.path, state, tmp_path / "r0").rc == 0
+
+    def push(msg: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(REPO / "ci" / "push_state"), str(state), str(remote), branch, msg],
+                              capture_output=True, text=True)
+
+    first = push("hourly: incomplete")
+    assert first.returncode == 0, first.stderr
+    assert _git("--git-dir", str(remote), "show", f"{branch}:VLLM_LAST_GOOD_COMMIT").strip() == c0
+    # someone adds a README to the branch; later pushes keep it
+    other = tmp_path / "other"
+    _git("clone", "-q", "--branch", branch, str(remote), str(other))
+    (other / "README.md").write_text("state of the hourly check\n")
+    _git("add", "README.md", cwd=other)
+    _git("commit", "-qm", "readme", cwd=other)
+    _git("push", "-q", "origin", f"HEAD:{branch}", cwd=other)
+
+    assert "unchanged" in push("hourly: no change").stdout
+    c1 = vllm.unrelated(1)
+    assert hourly(vllm.path, state, tmp_path / "r1").rc == 0
+    second = push("hourly: advanced")
+    assert second.returncode == 0, second.stderr
+    files = set(_git("--git-dir", str(remote), "ls-tree", "--name-only", branch).split())
+    assert files == {"README.md", "VLLM_LAST_GOOD_COMMIT", "hourly_state.json"}
+    assert _git("--git-dir", str(remote), "show", f"{branch}:VLLM_LAST_GOOD_COMMIT").strip() == c1
+    subjects = _git("--git-dir", str(remote), "log", "--format=%s", branch).split("\n")[:3]
+    assert subjects == ["hourly: advanced", "readme", "hourly: incomplete"]
