@@ -218,9 +218,10 @@ def check_env(view, name: str, default: str | None, *, key="") -> list[Finding]:
 def masking_mode(view) -> str:
     """'native' when upstream's factory and GroupedTopKRouter both take skip_padding, else 'backport'."""
     from ..surface import get
+    lookup = getattr(view, "upstream_lookup", view.lookup)   # runtime: upstream's, not our wrapper
     for key in ("router_factory", "grouped_topk_router"):
         s = get(key)
-        info = view.lookup(s.module, s.qualname)
+        info = lookup(s.module, s.qualname)
         if info is None or info.params is None or not accepts(info.params, "skip_padding"):
             return "backport"
     return "native"
