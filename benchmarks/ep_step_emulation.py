@@ -150,8 +150,7 @@ def time_rank(experts: Experts, first: int, counts: list[int], repeats: int) -> 
     return statistics.median(times)
 
 
-def run_gpu(counts_doc: dict, repeats: int, only: str | None) -> dict:
-    dev = "cuda"
+def run_gpu(counts_doc: dict, repeats: int, only: str | None, dev: str = "cuda") -> dict:
     scenarios = [s for s in counts_doc["scenarios"] if not only or only in s["name"]]
     results = []
     by_e: dict[int, list] = {}
@@ -191,7 +190,7 @@ def run_gpu(counts_doc: dict, repeats: int, only: str | None) -> dict:
                   f"speed-up {item['speedup_with_plugin']:.3f}", flush=True)
         del experts
         torch.cuda.empty_cache()
-    return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "hidden": HIDDEN,
+    return {"device": torch.cuda.get_device_name() if dev == "cuda" else dev, "torch": torch.__version__, "hidden": HIDDEN,
             "expert_intermediate": INTER, "dtype": "bfloat16", "repeats": repeats, "scenarios": results}
 
 
