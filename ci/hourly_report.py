@@ -37,6 +37,10 @@ def overall_status(steps: list[dict]) -> str:
     return "incomplete"
 
 
+def _step_status(result: dict, name: str) -> str:
+    return next((s["status"] for s in result.get("steps", []) if s.get("name") == name), "")
+
+
 def _short(sha: str | None) -> str:
     return sha[:12] if sha else "none"
 
@@ -57,6 +61,7 @@ def render(result: dict) -> str:
     vllm = result.get("vllm", {})
     url = vllm.get("url")
     lg = result.get("last_good", {})
+    compat = result.get("compat", {})
     lines = [f"# vLLM main hourly check: {STATUS_BADGES[result['status']]}", ""]
     if result.get("skip_reason"):
         lines += [f"> Not checked: {_escape(result['skip_reason'])}. The last completed run was "
@@ -66,6 +71,8 @@ def render(result: dict) -> str:
         "|---|---|",
         f"| vLLM commit | {_commit(vllm.get('commit'), url, vllm.get('subject', ''))} |",
         f"| vLLM commit date | {_escape(vllm.get('date', ''))} |",
+        *([f"| vLLM version (source) | {_escape(str(compat['vllm_version']))} |"] if compat.get("vllm_version") else []),
+        *([f"| upstream masking | {_escape(str(compat['mode']))} |"] if compat.get("mode") else []),
         f"| plugin commit | `{_short(result.get('plugin_commit'))}` |",
         f"| last-good vLLM commit (before) | {_commit(lg.get('before'), url)} |",
         f"| last-good vLLM commit (after) | {_commit(lg.get('after'), url)}"
@@ -92,13 +99,18 @@ def render(result: dict) -> str:
             if f.get("fix"):
                 lines.append(f"- **Suggested fix:** {_escape(f['fix'])}")
             lines.append("")
-    elif result["status"] != "skipped":
+    elif _step_status(result, "static") == "passed":
         lines += ["## Breaking findings", "", "None: the plugin's upstream surface is intact at this commit.", ""]
+    elif result["status"] != "skipped":
+        lines += ["## Breaking findings", "", "Unknown: the static check did not complete (see its step below).", ""]
     if info:
         lines += [f"<details><summary>Info findings ({len(info)}): no action needed</summary>", ""]
         lines += [f"- `{_escape(f.get('symbol', '?'))}` {_escape(f.get('kind', '?'))}: {_escape(f.get('detail', ''))}"
                   for f in info]
         lines += ["", "</details>", ""]
+    if compat.get("errors"):
+        lines += ["## Source files the static check could not read", "",
+                  *[f"- {_escape(str(e))}" for e in compat["errors"]], ""]
     lines += ["## Steps", "", "| step | status | time | detail |", "|---|---|---|---|"]
     for s in result.get("steps", []):
         icon = STEP_ICONS.get(s["status"], "")

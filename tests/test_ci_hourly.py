@@ -295,3 +295,15 @@ def test_push_state_keeps_the_branch_and_only_fast_forwards(tmp_path):
     assert _git("--git-dir", str(remote), "show", f"{branch}:VLLM_LAST_GOOD_COMMIT").strip() == c1
     subjects = _git("--git-dir", str(remote), "log", "--format=%s", branch).split("\n")[:3]
     assert subjects == ["hourly: advanced", "readme", "hourly: incomplete"]
+
+
+def test_static_check_error_is_red_and_claims_nothing(tmp_path):
+    """A checkout that is not a vLLM tree: compat exits 2; the run is red, nothing is called intact."""
+    other = FakeVllmRepo(tmp_path / "not-vllm")
+    other.write("README.md", "some other project\n")
+    other.commit("Not vLLM")
+    run = hourly(other.path, tmp_path / "state", tmp_path / "r")
+    assert run.rc == 1
+    assert run.step("static")["status"] == "error" and "exited 2" in run.step("static")["detail"]
+    assert "intact" not in run.report and "did not complete" in run.report
+    assert last_good(tmp_path / "state") is None
