@@ -27,6 +27,7 @@ import json, sys, time
 t0 = time.perf_counter()
 import vllm
 t1 = time.perf_counter()
+after_import = sorted(m for m in sys.modules if m.startswith("vllm_padplugin"))
 from vllm.platforms import current_platform
 current_platform.device_type
 t2 = time.perf_counter()
@@ -36,7 +37,32 @@ t3 = time.perf_counter()
 print("PADPLUGIN_LOAD_PROBE " + json.dumps({
     "import_vllm_s": t1 - t0, "platform_s": t2 - t1, "general_plugins_s": t3 - t2, "total_s": t3 - t0,
     "plugin_modules": sorted(m for m in sys.modules if m.startswith("vllm_padplugin")),
+    "plugin_modules_after_import_vllm": after_import,
 }))
+"""
+
+_PROFILE = r"""
+import cProfile, importlib.util, json, os, pstats
+ours = os.path.dirname(importlib.util.find_spec("vllm_padplugin").origin) + os.sep  # finds, does not import
+import vllm
+prof = cProfile.Profile()
+prof.enable()
+from vllm.platforms import current_platform
+current_platform.device_type
+from vllm.plugins import load_general_plugins
+load_general_plugins()
+prof.disable()
+stats = pstats.Stats(prof).stats
+def short(fn):
+    if fn.startswith(ours):
+        return "vllm_padplugin/" + fn[len(ours):]
+    return fn.split("site-packages/", 1)[-1]
+rows = [
+    {"function": f"{short(fn)}:{line}({name})", "ours": fn.startswith(ours), "ncalls": cc,
+     "self_ms": 1000 * tt, "cumulative_ms": 1000 * ct}
+    for (fn, line, name), (cc, nc, tt, ct, callers) in stats.items()
+]
+print("PADPLUGIN_PROFILE " + json.dumps(rows))
 """
 
 _LIST_PLUGINS = (
@@ -99,6 +125,8 @@ def run(python: str = sys.executable, repeats: int = 10) -> dict[str, Any]:
     phases = ("import_vllm_s", "platform_s", "general_plugins_s", "total_s", "process_wall_s")
     medians = {name: {p: statistics.median(s[p] for s in runs) for p in phases} for name, runs in samples.items()}
     on, off = medians["plugin_on"], medians["plugin_off"]
+    hooks = ("platform_s", "general_plugins_s")
+    hook_delta = sum(on[p] - off[p] for p in hooks)
     return {
         "python": python,
         "repeats": repeats,
@@ -108,6 +136,14 @@ def run(python: str = sys.executable, repeats: int = 10) -> dict[str, Any]:
         "overhead_ratio": on["total_s"] / off["total_s"],
         "overhead_pct": 100 * (on["total_s"] / off["total_s"] - 1),
         "overhead_ms": 1000 * (on["total_s"] - off["total_s"]),
+        # The plugin runs only in the hook phases (it is not imported by ``import vllm``: see
+        # plugin_modules_after_import_vllm), so the import phase's on/off difference is noise; this
+        # estimate leaves it out.
+        "hook_overhead_ms": 1000 * hook_delta,
+        "hook_overhead_pct": 100 * hook_delta / off["total_s"],
+        "plugin_modules_after_import_vllm": sorted(
+            {m for runs in samples.values() for s in runs for m in s["plugin_modules_after_import_vllm"]}
+        ),
         "plugin_phases_ms": {
             p: 1000 * (on[p] - off[p]) for p in ("import_vllm_s", "platform_s", "general_plugins_s")
         },
@@ -126,8 +162,20 @@ def _importtime(stderr: str) -> dict[str, tuple[int, int]]:
     return table
 
 
+def profile_hooks(python: str, env: dict[str, str | None], top: int) -> dict[str, Any]:
+    """cProfile of platform resolution + ``load_general_plugins()``: our functions and the hottest builtins."""
+    out = subprocess.run([python, "-c", _PROFILE], capture_output=True, text=True, env=_env(env), check=False)
+    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("PADPLUGIN_PROFILE ")), None)
+    if out.returncode or line is None:
+        raise LoadBenchError(f"profile failed in {python} (rc={out.returncode}): {out.stderr.strip()[-800:]}")
+    rows = json.loads(line.split(" ", 1)[1])
+    ours = sorted((r for r in rows if r["ours"]), key=lambda r: -r["cumulative_ms"])
+    hot = sorted(rows, key=lambda r: -r["self_ms"])
+    return {"plugin_functions_by_cumulative": ours[:top], "all_functions_by_self": hot[:top]}
+
+
 def explain(python: str = sys.executable, top: int = 15) -> dict[str, Any]:
-    """Where the plugin's time goes: modules imported only with the plugin on, by self time."""
+    """Where the plugin's time goes: modules only it imports (-X importtime) and a cProfile of the hooks."""
     envs = variants(python)
     on = _importtime(probe(python, envs["plugin_on"], "-X", "importtime")[1])
     off = _importtime(probe(python, envs["plugin_off"], "-X", "importtime")[1])
@@ -138,4 +186,5 @@ def explain(python: str = sys.executable, top: int = 15) -> dict[str, Any]:
         "extra_modules": [{"module": n, "self_ms": s / 1000, "cumulative_ms": c / 1000} for n, s, c in extra[:top]],
         "extra_module_count": len(extra),
         "plugin_modules": [{"module": n, "self_ms": s / 1000, "cumulative_ms": c / 1000} for n, s, c in ours],
+        "profile_plugin_on": profile_hooks(python, envs["plugin_on"], top),
     }
