@@ -225,7 +225,7 @@ def test_github_summary_and_outputs(tmp_path):
     assert out == {"status": "incomplete", "vllm_commit": c0, "state_written": "true"}
 
 
-@pytest.mark.parametrize("make", ["not-git", "bad-state", "bad-good"])
+@pytest.mark.parametrize("make", ["not-git", "no-commit", "bad-state", "bad-good"])
 def test_bad_input_exits_2_with_one_message(tmp_path, make):
     vllm = FakeVllmRepo(tmp_path / "vllm")
     vllm.clean()
@@ -233,6 +233,8 @@ def test_bad_input_exits_2_with_one_message(tmp_path, make):
     if make == "not-git":
         target = tmp_path / "nothing-here"
         target.mkdir()
+    elif make == "no-commit":
+        target = FakeVllmRepo(tmp_path / "empty").path
     elif make == "bad-state":
         state.mkdir()
         (state / "VLLM_LAST_GOOD_COMMIT").write_text("main\n")
