@@ -54,6 +54,7 @@ class CatFile:
 class GitReader:
     def __init__(self, repo: Path, rev: str, cat: CatFile, prefix: str = ""):
         self.repo, self.rev, self.cat, self.prefix = repo, rev, cat, prefix
+        self._grep: dict[str, list[str]] = {}
 
     def read(self, relpath: str) -> str | None:
         got = self.cat.get(f"{self.rev}:{self.prefix}{relpath}")
@@ -62,6 +63,11 @@ class GitReader:
         return got[1].decode("utf-8", errors="replace")
 
     def grep(self, word: str) -> list[str]:
+        if word not in self._grep:
+            self._grep[word] = self._git_grep(word)
+        return self._grep[word]
+
+    def _git_grep(self, word: str) -> list[str]:
         p = _git(self.repo, "grep", "-l", "-F", "-w", word, self.rev, "--", f"{self.prefix}vllm", check=False)
         out = []
         for line in p.stdout.splitlines():
@@ -109,7 +115,8 @@ def ident(f: Finding) -> tuple:
     return (f.kind, f.symbol, str(f.extra.get("item", "")))
 
 
-def scan(repo: str | Path, good: str, bad: str, surface=SURFACE, check=None) -> GitScan:
+def scan(repo: str | Path, good: str, bad: str, surface=SURFACE, check=None,
+         linear_max: int = LINEAR_MAX) -> GitScan:
     """Run ``check(view, baseline)`` (default: our registry) over good..bad."""
     repo = Path(repo).expanduser()
     if not repo.exists():
@@ -144,10 +151,10 @@ def scan(repo: str | Path, good: str, bad: str, surface=SURFACE, check=None) -> 
         seq = [g] + commits
         out = []
         for fid, f in at_bad.items():
-            if fid in at_good and all(fid in at(c) for c in (commits if len(commits) <= LINEAR_MAX else [])):
+            if fid in at_good and all(fid in at(c) for c in (commits if len(commits) <= linear_max else [])):
                 f.first_bad_commit = g
                 f.extra["before_good"] = True
-            elif len(commits) <= LINEAR_MAX:
+            elif len(commits) <= linear_max:
                 i = len(seq) - 1
                 while i > 0 and fid in at(seq[i - 1]):
                     i -= 1
@@ -169,7 +176,7 @@ def scan(repo: str | Path, good: str, bad: str, surface=SURFACE, check=None) -> 
             if fid in at_bad:
                 continue
             i = next((k for k, c in enumerate(commits) if fid not in at(c)), len(commits) - 1) \
-                if len(commits) <= LINEAR_MAX else len(commits) - 1
+                if len(commits) <= linear_max else len(commits) - 1
             f.extra["resolved_in"] = commits[i] if commits else b
             resolved.append(f)
         # at(bad) first so findings keep bad's details; errors de-duplicated

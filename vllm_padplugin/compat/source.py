@@ -8,6 +8,7 @@ needs a checkout.  Parsed files are cached per tree.
 from __future__ import annotations
 
 import ast
+import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +34,7 @@ class DirReader:
     def __init__(self, root: Path):
         self.root = Path(root)
         self._files: list[str] | None = None
+        self._grep: dict[str, list[str]] = {}
 
     def read(self, relpath: str) -> str | None:
         p = self.root / relpath
@@ -53,6 +55,11 @@ class DirReader:
         return self._files
 
     def grep(self, word: str) -> list[str]:
+        if word not in self._grep:
+            self._grep[word] = self._scan(word)
+        return self._grep[word]
+
+    def _scan(self, word: str) -> list[str]:
         hits = []
         for rel in self._all():
             try:
@@ -181,6 +188,11 @@ class Resolved:
     via: str = ""                  # re-export chain, e.g. "vllm.a -> vllm.b"
 
 
+# parsed modules by (name, path, content hash): unchanged files are parsed once per process
+# (a --git range re-reads the same blobs at every commit).  Modules are read-only after build.
+_PARSED: dict[tuple, Module] = {}
+
+
 class Tree:
     """Static view of one vLLM tree (directory or git revision)."""
 
@@ -198,13 +210,19 @@ class Tree:
             text = self.reader.read(rel)
             if text is None:
                 continue
-            try:
-                tree = ast.parse(text, filename=rel)
-            except SyntaxError as e:
-                self.errors.append(f"{rel}:{e.lineno}: syntax error: {e.msg}")
-                mod = None
-                break
-            mod = Module.build(name, rel, tree, is_pkg=(i == 1))
+            digest = (name, rel, hashlib.blake2b(text.encode(), digest_size=16).digest())
+            mod = _PARSED.get(digest)
+            if mod is None:
+                try:
+                    tree = ast.parse(text, filename=rel)
+                except SyntaxError as e:
+                    self.errors.append(f"{rel}:{e.lineno}: syntax error: {e.msg}")
+                    mod = None
+                    break
+                mod = Module.build(name, rel, tree, is_pkg=(i == 1))
+                if len(_PARSED) > 512:
+                    _PARSED.clear()
+                _PARSED[digest] = mod
             break
         self._mods[name] = mod
         return mod
