@@ -178,7 +178,8 @@ def test_backoff_while_red_skips_without_claiming_green(tmp_path):
     hourly_state.write_last_good(state, c0)
     vllm.apply(BREAK_FACTORY)
     t0 = hourly_state.parse_time("2026-12-02T10:00:00+00:00")
-    at = lambda d: ["--cadence", "--now", (t0 + d).isoformat()]  # noqa: E731
+    plugin = ["--plugin-commit", "1" * 40]        # the shared checkout's HEAD may move meanwhile
+    at = lambda d: ["--cadence", "--now", (t0 + d).isoformat(), *plugin]  # noqa: E731
 
     assert hourly(vllm.path, state, tmp_path / "r0", *at(timedelta(0))).rc == 1
     assert hourly(vllm.path, state, tmp_path / "r1", *at(timedelta(hours=1))).rc == 1   # 1 h after 1 red
@@ -193,7 +194,13 @@ def test_backoff_while_red_skips_without_claiming_green(tmp_path):
     again = hourly(vllm.path, state, tmp_path / "r3", *at(timedelta(hours=3)))
     assert again.rc == 1 and hourly_state.read_state(state).consecutive_red == 3
     # without --cadence (manual dispatch) it always runs
-    assert hourly(vllm.path, state, tmp_path / "r4", "--now", (t0 + timedelta(hours=3, minutes=5)).isoformat()).rc == 1
+    assert hourly(vllm.path, state, tmp_path / "r4", "--now", (t0 + timedelta(hours=3, minutes=5)).isoformat(),
+                  *plugin).rc == 1
+    # a new plugin commit (maybe the fix) runs despite the back-off
+    assert hourly(vllm.path, state, tmp_path / "r5", *at(timedelta(hours=3, minutes=10))).result["status"] == "skipped"
+    fix = hourly(vllm.path, state, tmp_path / "r6", "--cadence", "--now",
+                 (t0 + timedelta(hours=3, minutes=15)).isoformat(), "--plugin-commit", "2" * 40)
+    assert fix.rc == 1 and fix.step("static")["status"] == "failed"
 
 
 def test_failing_runtime_step_is_red_and_keeps_last_good(tmp_path):
