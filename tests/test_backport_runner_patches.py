@@ -370,3 +370,133 @@ def test_legacy_runner_batch_larger_than_the_mask_is_not_masked(patched_runner):
     runner.pad_to = 64                                   # > max_num_tokens (32)
     runner.execute_model(_step(40))
     assert seen == [None]
+
+
+_APPLY_SCRIPT = r"""
+import json, sys
+from vllm_padplugin.patches import dbo_mask, legacy_runner_mask
+from vllm_padplugin.patches.base import Env
+assert "vllm" not in sys.modules, "patch modules must not import vLLM at import time"
+env = Env(vllm_version="?", device_type=sys.argv[1], mode=sys.argv[2], strict=True)
+out = {}
+for p in (legacy_runner_mask.PATCH, dbo_mask.PATCH):
+    out[p.name] = {"needed": p.needed(env), "returned": p.apply(env) if p.needed(env) else None}
+import vllm.v1.worker.gpu_model_runner, vllm.v1.worker.gpu_ubatch_wrapper   # fires the hooks
+out["applied"] = legacy_runner_mask.APPLIED + dbo_mask.APPLIED
+print("RESULT" + json.dumps(out))
+"""
+
+
+def _apply_in_subprocess(device_type: str, mode: str) -> dict:
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _APPLY_SCRIPT, device_type, mode],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "VLLM_PLUGINS": ""})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))
+    return json.loads(line[len("RESULT"):])
+
+
+@pytest.mark.vllm
+def test_apply_patches_lazily_on_import_and_only_where_needed():
+    """PATCH.apply through a post-import hook on the real modules (fresh process, so the
+    real classes may be patched; device type forced to "cuda", the only fake here).
+    0.30: the hooks patch execute_model, _dummy_run, set_forward_context and
+    _make_ubatch_metadata when vLLM imports them; 0.31+: nothing (native)."""
+    out = _apply_in_subprocess("cuda", "backport")
+    assert out["legacy_runner_mask"]["returned"] == [f"{legacy_runner_mask.RUNNER.module} (on import)"]
+    assert out["dbo_mask"]["returned"] == [f"{dbo_mask.BUILDER.module} (on import)"]
+    if _ver(_vllm_version()) >= FIX:
+        assert out["applied"] == []
+    else:
+        assert out["applied"] == [
+            "vllm.v1.worker.gpu_model_runner.GPUModelRunner.execute_model",
+            "vllm.v1.worker.gpu_model_runner.GPUModelRunner._dummy_run",
+            "vllm.v1.worker.gpu_model_runner.set_forward_context",
+            "vllm.v1.worker.gpu_ubatch_wrapper.UBatchWrapper._make_ubatch_metadata",
+        ]
+
+
+@pytest.mark.parametrize("device_type,mode", [("cpu", "backport"), ("cuda", "native"),
+                                              ("hpu", "hpu-noop"), ("cuda", "passthrough")])
+def test_not_needed_off_cuda_backport(device_type, mode):
+    from vllm_padplugin.patches.base import Env
+
+    env = Env(vllm_version="0.30.0", device_type=device_type, mode=mode, strict=False)
+    assert not legacy_runner_mask.PATCH.needed(env) and not dbo_mask.PATCH.needed(env)
+
+
+_ENGINE_SCRIPT = r"""
+import json, os, sys
+if __name__ == "__main__":
+    from vllm_padplugin.tiny_model import build_tiny_model, prompt_token_ids
+    model_dir = build_tiny_model()
+    import torch
+    import vllm.v1.worker.gpu_model_runner as runner_module
+    from vllm_padplugin.patches import legacy_runner_mask
+    sites = legacy_runner_mask.patch_legacy_runner(runner_module)   # forced: the platform is CPU
+    from vllm import LLM, SamplingParams
+    llm = LLM(model=str(model_dir), skip_tokenizer_init=True, enforce_eager=True, seed=0,
+              max_model_len=128, max_num_seqs=2, kv_cache_memory_bytes=64 << 20)
+    seen = []
+
+    def install(model):
+        from vllm.forward_context import get_forward_context
+        def pre_hook(module, args, kwargs):
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            mask = get_forward_context().is_padding
+            seen.append(None if mask is None else
+                        {"n": int(ids.shape[0]), "len": int(mask.shape[0]), "padded": int(mask.sum()),
+                         "ptr": mask.data_ptr(), "dtype": str(mask.dtype)})
+        model.register_forward_pre_hook(pre_hook, with_kwargs=True)
+        return type(model).__mro__[0].__module__
+
+    llm.apply_model(install)
+    runner_cls = type(llm.llm_engine.model_executor.driver_worker.worker.model_runner) \
+        if hasattr(llm.llm_engine, "model_executor") else None
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, detokenize=False)
+    llm.generate([{"prompt_token_ids": prompt_token_ids(7)}, {"prompt_token_ids": prompt_token_ids(5, seed=1)}],
+                 params, use_tqdm=False)
+    steps = len(seen)
+    # upstream's real _dummy_run: a plain dummy batch is all padding, a profile run has none
+    llm.collective_rpc(lambda worker: worker.model_runner._dummy_run(6))
+    llm.collective_rpc(lambda worker: worker.model_runner._dummy_run(6, is_profile=True))
+    print("RESULT" + json.dumps({"sites": sites, "seen": seen[:steps], "dummy": seen[steps:],
+                                 "runner_mro": [c.__name__ for c in runner_cls.__mro__] if runner_cls else None}))
+"""
+
+
+@pytest.mark.vllm
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_real_cpu_runner_forwards_carry_the_mask(tmp_path):
+    """The real legacy runner body (vLLM CPU's CPUModelRunner inherits GPUModelRunner's
+    execute_model/_dummy_run and calls the runner module's set_forward_context) runs a
+    tiny DeepSeek-V3 with the legacy-runner patch FORCED on (the platform is CPU, not
+    CUDA: the only fake). Every forward the model sees must carry is_padding: from our
+    persistent buffer on 0.30 (one address), from upstream's on 0.31+ (patch: not needed).
+    CPU runs eagerly without graph padding, so every row of a generation step is real;
+    the real _dummy_run (called through collective_rpc) gives an all-padding mask, or none
+    padded with is_profile=True, as upstream 0.31 does."""
+    import json
+    import subprocess
+    import sys
+
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_PLUGINS": "",
+           "HF_HUB_OFFLINE": "1", "VLLM_CACHE_ROOT": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, "-c", _ENGINE_SCRIPT], capture_output=True, text=True,
+                          timeout=600, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))[6:])
+    native = _ver(_vllm_version()) >= FIX
+    assert (out["sites"] == []) == native
+    seen = out["seen"]
+    assert len(seen) >= 4, seen                                  # prefill + decode steps
+    assert all(s is not None for s in seen), f"a forward without is_padding: {seen}"
+    assert all(s["len"] == s["n"] and s["padded"] == 0 and s["dtype"] == "torch.bool" for s in seen), seen
+    dummy = out["dummy"]
+    assert [(d["n"], d["len"], d["padded"]) for d in dummy] == [(6, 6, 6), (6, 6, 0)], dummy
+    assert len({s["ptr"] for s in seen + dummy}) == 1, "the mask must live in one persistent buffer"

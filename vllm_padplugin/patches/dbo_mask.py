@@ -31,7 +31,8 @@ import logging
 
 from vllm_padplugin import surface
 from vllm_padplugin.patches.base import Env, Patch
-from vllm_padplugin.patches.legacy_runner_mask import _is_ours, _wrap, accepts
+from vllm_padplugin.compat_utils import has_argument
+from vllm_padplugin.patches.legacy_runner_mask import _is_ours, _wrap
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ def _warn_once(cause: str, msg: str, *args) -> None:
 
 def builder_propagates(cls) -> bool:
     """Upstream's micro-batch builder takes the mask itself (0.31+)."""
-    return accepts(getattr(cls, METHOD), "is_padding")
+    return has_argument(getattr(cls, METHOD), "is_padding")
 
 
 def propagate(ubatch_metadata, ubatch_slices, is_padding) -> int:

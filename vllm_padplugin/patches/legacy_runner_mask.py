@@ -36,6 +36,7 @@ import logging
 from dataclasses import dataclass
 
 from vllm_padplugin import surface
+from vllm_padplugin.compat_utils import accepts_kwarg
 from vllm_padplugin.patches.base import Env, Patch
 
 logger = logging.getLogger(__name__)
@@ -64,15 +65,6 @@ def _warn_once(cause: str, msg: str, *args) -> None:
     if cause not in _warned:
         _warned.add(cause)
         logger.warning("vllm_padplugin: " + msg, *args)
-
-
-def accepts(fn, name: str) -> bool:
-    """True if ``fn`` takes a parameter ``name`` (or ``**kwargs``)."""
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
 def runner_fills_mask(cls) -> bool:
@@ -178,7 +170,7 @@ def patch_legacy_runner(module, cls=None) -> list[str]:
     if runner_fills_mask(cls):
         return []
     original = getattr(module, SET_CONTEXT.qualname)
-    if not accepts(original, "is_padding"):
+    if not accepts_kwarg(original, "is_padding"):
         raise AttributeError(f"{module.__name__}.{SET_CONTEXT.qualname} takes no is_padding")
     sites = []
     for name in WRAPPED_METHODS:
