@@ -88,7 +88,10 @@ def _env(extra: dict[str, str | None]) -> dict[str, str]:
 
 def discovered_plugins(python: str) -> list[str]:
     """Names of every vLLM platform/general plugin installed for ``python``."""
-    out = subprocess.run([python, "-c", _LIST_PLUGINS], capture_output=True, text=True, check=False)
+    try:
+        out = subprocess.run([python, "-c", _LIST_PLUGINS], capture_output=True, text=True, check=False)
+    except OSError as exc:
+        raise LoadBenchError(f"cannot run {python}: {exc}") from None
     if out.returncode:
         raise LoadBenchError(f"{python} cannot list entry points: {out.stderr.strip()[-500:]}")
     return json.loads(out.stdout)
