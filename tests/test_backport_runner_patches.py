@@ -143,8 +143,11 @@ def test_v2_runner_dbo_needs_no_backport(version):
     ubatch = root / "v1/worker/gpu/ubatch_utils.py"
     if not ubatch.exists():
         assert _ver(version) < (0, 30)
-        assert "ubatch" not in (root / "v1/worker/gpu/model_runner.py").read_text().lower().replace(
-            "ubatch_slices: list | none = none", ""), "v2 runner uses DBO without ubatch_utils?"
+        for src in (root / "v1/worker/gpu").rglob("*.py"):       # no micro-batching anywhere in v2
+            text = src.read_text()
+            assert "UBatchWrapper" not in text and "make_ubatch_contexts" not in text, src
+        text = (root / "v1/worker/gpu/model_runner.py").read_text().lower()
+        assert "ubatch" not in text and "dbo" not in text
         return
     runner_cls = _class(ubatch, "UBatchRunner")
     assert runner_cls is not None
