@@ -51,7 +51,12 @@ if HAS_TRITON:
         g3 = g[None, :, None]
         s3 = s[None, None, :]
         expert = g3 * S + s3  # [1, BG, BS] expert id
-        valid = (g3 < G) & (s3 < S) & row_ok[:, None, None]
+        if HAS_PAD:  # padded rows load no logits: the mask costs one byte per token
+            pad = tl.load(pad_ptr + rows, mask=row_ok, other=0) != 0
+            live = row_ok & (pad == 0)
+        else:
+            live = row_ok
+        valid = (g3 < G) & (s3 < S) & live[:, None, None]
         rows64 = rows.to(tl.int64)[:, None, None]
         x = tl.load(logits_ptr + rows64 * stride_t + expert, mask=valid, other=0.0).to(tl.float32)
         scores = tl.sigmoid(x)
@@ -93,7 +98,6 @@ if HAS_TRITON:
             out_w = out_w / tl.sum(out_w, axis=1)[:, None]
         out_w = out_w * scale
         if HAS_PAD:
-            pad = tl.load(pad_ptr + rows, mask=row_ok, other=0) != 0
             out_ids = tl.where(pad[:, None], -1, out_ids)
             out_w = tl.where(pad[:, None], 0.0, out_w)
         o = rows.to(tl.int64)[:, None] * TOPK + kcol
@@ -103,10 +107,12 @@ if HAS_TRITON:
 
 
 def default_config(num_tokens: int, num_experts: int) -> tuple[int, int]:
-    """(BLOCK_M, num_warps): ~1-2k elements per program; small batches get one token each."""
-    if num_tokens <= 256:
-        return 1, 4 if num_experts <= 256 else 8
-    return 4, 4 if num_experts <= 256 else 8
+    """(BLOCK_M, num_warps), from the H200 sweep in benchmarks/gpu_masking.py (run 1):
+    one token per 2-warp program up to ~1k tokens (latency-bound), then 4 tokens
+    (2 for 384 experts, whose tile is twice as wide) per program."""
+    if num_tokens <= 1024:
+        return 1, 2
+    return (4 if num_experts <= 256 else 2), 2
 
 
 def fused_grouped_topk(
