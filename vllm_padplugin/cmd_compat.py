@@ -52,7 +52,8 @@ def run_compat(vllm_src=None, git=None, good=None, bad=None, plugin_src=None, fm
 
             res = scan(git, good, bad, check=check)
             bad_errs = [e for e in res.errors if e.startswith(res.bad[:12])]
-            meta = {"source": f"{git} {good}..{bad}", "good": res.good, "bad": res.bad,
+            meta = {"source": f"{git} {good}..{bad}", "vllm_version": res.bad_version,
+                    "good": res.good, "bad": res.bad,
                     "commits_in_range": len(res.commits), "commits_checked": res.evaluated,
                     "errors": res.errors}
             findings, resolved = _drop_broken(res.findings, res.errors), res.resolved

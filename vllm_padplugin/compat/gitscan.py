@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..surface import SURFACE, Finding
 from .checks import Baseline, check_surface
-from .source import SourceError, Tree
+from .source import SourceError, Tree, read_version
 from .view import StaticView
 
 LINEAR_MAX = 64
@@ -109,6 +109,7 @@ class GitScan:
     subjects: dict[str, str] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     evaluated: int = 0
+    bad_version: str | None = None          # vllm/_version.py at bad, when the tree has one
 
 
 def ident(f: Finding) -> tuple:
@@ -179,7 +180,7 @@ def scan(repo: str | Path, good: str, bad: str, surface=SURFACE, check=None,
                 if len(commits) <= linear_max else len(commits) - 1
             f.extra["resolved_in"] = commits[i] if commits else b
             resolved.append(f)
-        # at(bad) first so findings keep bad's details; errors de-duplicated
-        return GitScan(g, b, commits, out, resolved, subjects, sorted(set(errors)), len(cache))
+        version = read_version(Tree(GitReader(repo, b, cat, prefix)))
+        return GitScan(g, b, commits, out, resolved, subjects, sorted(set(errors)), len(cache), version)
     finally:
         cat.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Protocol
@@ -199,6 +200,7 @@ class Tree:
     def __init__(self, reader: Reader):
         self.reader = reader
         self._mods: dict[str, Module | None] = {}
+        self._texts: dict[str, str | None] = {}
         self.errors: list[str] = []        # syntax errors met (reported, scan goes on)
 
     # -- modules ---------------------------------------------------------
@@ -207,7 +209,7 @@ class Tree:
             return self._mods[name]
         mod = None
         for i, rel in enumerate(module_paths(name)):
-            text = self.reader.read(rel)
+            text = self._text(rel)
             if text is None:
                 continue
             digest = (name, rel, hashlib.blake2b(text.encode(), digest_size=16).digest())
@@ -228,9 +230,27 @@ class Tree:
         return mod
 
     def module_exists(self, name: str) -> bool:
-        if self.module(name) is not None:
+        if self._mods.get(name) is not None:
             return True
-        return any(self.reader.read(r) is not None for r in module_paths(name))
+        return any(self._text(r) is not None for r in module_paths(name))
+
+    def _text(self, rel: str) -> str | None:
+        if rel not in self._texts:
+            self._texts[rel] = self.reader.read(rel)
+        return self._texts[rel]
+
+    def quick_top_level(self, module: str, name: str) -> str | None:
+        """'class'/'function' when the module's text defines ``name`` at column 0 (no parse).
+        Only a positive answer is trusted; anything else goes through the parser."""
+        if "." in name or not name or name in self._mods:
+            return None
+        for rel in module_paths(module):
+            text = self._text(rel)
+            if text is None:
+                continue
+            m = re.search(rf"^(class|def|async def)\s+{re.escape(name)}\b", text, re.M)
+            return None if m is None else ("class" if m.group(1) == "class" else "function")
+        return None
 
     # -- symbols ---------------------------------------------------------
     def resolve(self, module: str, qualname: str, _depth: int = 0) -> Resolved | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
+from typing import Callable
 
 from .sigdiff import Param
 from .source import Tree, decorator_names, params_of
@@ -16,10 +17,17 @@ from .source import Tree, decorator_names, params_of
 @dataclass
 class SymInfo:
     kind: str                      # function | class | method | property | field | attr | module
-    params: list[Param] | None = None    # functions/methods; classes: __init__ (self dropped)
+    _params: list[Param] | None = None   # functions/methods; classes: __init__ (self dropped)
     readonly: bool = False         # property without setter
     where: str = ""                # module actually holding it (after re-exports)
     line: int = 0
+    loader: Callable[[], list[Param] | None] | None = None   # parse only if params are asked for
+
+    @property
+    def params(self) -> list[Param] | None:
+        if self.loader is not None:
+            self._params, self.loader = self.loader(), None
+        return self._params
 
 
 class StaticView:
@@ -39,6 +47,12 @@ class StaticView:
         return bool(m and (name in m.defs or name in m.imports or name in m.assigns))
 
     def lookup(self, module: str, qualname: str) -> SymInfo | None:
+        kind = self.tree.quick_top_level(module, qualname)
+        if kind is not None:     # presence from the text; the file is parsed only for params
+            return SymInfo(kind, where=module, loader=lambda: self._full(module, qualname).params)
+        return self._full(module, qualname)
+
+    def _full(self, module: str, qualname: str) -> SymInfo | None:
         r = self.tree.resolve(module, qualname)
         if r is None:
             return None
