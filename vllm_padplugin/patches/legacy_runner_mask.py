@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextvars
 import inspect
 import logging
+import operator
 from dataclasses import dataclass
 
 from vllm_padplugin import surface
@@ -106,8 +107,9 @@ def _in_step(wrapped, runner, args, kwargs, num_unpadded):
 
 def _execute_model(wrapped, instance, args, kwargs):
     scheduler_output = args[0] if args else kwargs.get("scheduler_output")
-    n = getattr(scheduler_output, "total_num_scheduled_tokens", None)
-    if not isinstance(n, int):
+    try:
+        n = operator.index(getattr(scheduler_output, "total_num_scheduled_tokens"))
+    except (AttributeError, TypeError):
         _warn_once("sched", "execute_model() got no total_num_scheduled_tokens; not masked")
         return wrapped(*args, **kwargs)
     return _in_step(wrapped, instance, args, kwargs, n)
