@@ -52,12 +52,28 @@ def factory_calls(rep: dict[str, Any]) -> int:
 
 
 def _role(rep: dict[str, Any], front_pid: int) -> str:
+    """Best description of the process a report came from (reports carry no role)."""
     if rep.get("pid") == front_pid:
         return "front (called LLM)"
     if rep.get("process_name"):
         return str(rep["process_name"])
+    if str(rep.get("argv0", "")).endswith("registry.py"):
+        return "model-registry probe"  # vLLM 0.30 inspects the model class in a subprocess
     # The model (hence every MoE router) is built only where the model runs.
     return "worker (model here)" if factory_calls(rep) else "engine core"
+
+
+def unique_drift(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Drift findings of all processes, each once (every process checks the same vLLM)."""
+    seen, out = set(), []
+    for rep in reports:
+        for d in rep.get("drift") or []:
+            d = d if isinstance(d, dict) else {"detail": str(d)}
+            key = (d.get("kind"), d.get("symbol"), d.get("detail"))
+            if key not in seen:
+                seen.add(key)
+                out.append(d)
+    return out
 
 
 def _fmt_row(cols: list[str], widths: list[int]) -> str:
@@ -171,9 +187,12 @@ def render(res: dict[str, Any]) -> str:
     sites = _sites(worker)
     if sites:
         lines.append("rebound binding sites (in pid %s): %s" % (worker.get("pid"), ", ".join(sites)))
-    drift = [d for r in procs or [front] for d in (r.get("drift") or [])]
-    lines.append("drift: none" if not drift else "drift: " + "; ".join(
-        str(d.get("detail", d)) if isinstance(d, dict) else str(d) for d in drift))
+    drift = unique_drift(procs or [front])
+    if not drift:
+        lines.append("drift: none")
+    else:
+        lines.append(f"drift ({len(drift)} distinct finding(s) over all processes):")
+        lines += [f"  [{d.get('severity', '?')}] {d.get('detail', d)}" for d in drift]
     mode = str(worker.get("mode", front.get("mode", "?")))
     lines.append(_mode_note(mode))
     if not others and res["multiprocessing"]:
