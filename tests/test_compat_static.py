@@ -126,3 +126,16 @@ def test_function_params_helper_reads_without_import(releases_dir):
     p31 = function_params(releases_dir / "0.31.0" / "vllm", mod, "create_fused_moe_router")
     assert "skip_padding" not in [p.name for p in p30]
     assert [p.name for p in p31][-1] == "skip_padding" and p31[-1].default == "False"
+
+
+def test_our_own_package_as_other_plugin_has_no_false_positive(releases_dir):
+    """--plugin-src on this package: lazily provided names (vllm.platforms.current_platform via
+    module __getattr__), try/except re-exports (vllm.__version__) and the plugin's own VLLM_PADPLUGIN_*
+    variables must not be reported as drift."""
+    import vllm_padplugin
+
+    pkg = vllm_padplugin.__path__[0]
+    for v in ("0.30.0", "0.32.0"):
+        out, code = run_compat(vllm_src=releases_dir / v, plugin_src=pkg, fmt="json")
+        doc = json.loads(out)
+        assert [f for f in doc["findings"] if f["severity"] == "breaking"] == [], (v, doc["findings"])

@@ -142,7 +142,7 @@ class _FileScan(ast.NodeVisitor):
                 and isinstance(node.args[0], ast.Constant) and str(node.args[0].value).startswith("VLLM_"):
             d = node.args[1] if len(node.args) > 1 else None
             default = str(d.value) if isinstance(d, ast.Constant) else None
-            self.uses.append(Use("env", node.args[0].value, self.w(node), default=default))
+            self.uses.append(Use("env", node.args[0].value, self.w(node), name="getenv", default=default))
             return True
         return False
 
@@ -224,7 +224,13 @@ def check_plugin(view, uses: list[Use], plugin: str = "the plugin") -> list[Find
 
     for u in uses:
         if u.what == "env":
-            add(checks.check_env(view, u.target, u.default), u.where)
+            if u.name == "getenv":
+                # read from the environment by the plugin itself: only a default that disagrees
+                # with vLLM's matters (a VLLM_* name vLLM never declared is the plugin's own)
+                if view.env_default(u.target)[0]:
+                    add(checks.check_env(view, u.target, u.default), u.where)
+            else:                # through vllm.envs: gone upstream = AttributeError
+                add(checks.check_env(view, u.target, None), u.where)
             continue
         if u.what == "import" and u.target == "vllm":
             continue

@@ -143,7 +143,7 @@ class Module:
     tree: ast.Module
     defs: dict[str, ast.stmt] = field(default_factory=dict)        # top-level def/class
     imports: dict[str, str] = field(default_factory=dict)          # local name -> "mod:name" or "mod:"
-    assigns: set[str] = field(default_factory=set)                 # other top-level names
+    assigns: dict[str, ast.stmt] = field(default_factory=dict)     # other top-level names
     lazy_getattr: bool = False                                     # module-level __getattr__
 
     @classmethod
@@ -164,8 +164,9 @@ class Module:
                     m.imports[a.asname or a.name.split(".")[0]] = f"{a.name if a.asname else a.name.split('.')[0]}:"
             elif isinstance(st, (ast.Assign, ast.AnnAssign)):
                 for t in (st.targets if isinstance(st, ast.Assign) else [st.target]):
-                    if isinstance(t, ast.Name):
-                        m.assigns.add(t.id)
+                    for n in ast.walk(t):     # a = b = ..., (a, b) = ..., x: T (also TYPE_CHECKING)
+                        if isinstance(n, ast.Name):
+                            m.assigns.setdefault(n.id, st)
         return m
 
 
@@ -272,7 +273,13 @@ class Tree:
                 r = self.resolve(src, rest, _depth + 1)
             if r is not None:
                 r.via = f"{module} -> {r.via or r.module.name}"
-            return r
+                return r
+            if head in mod.assigns:      # import failed statically (try/except fallback etc.)
+                return Resolved(mod, mod.assigns[head])
+            return None
+        if node is None and head in mod.assigns:
+            # a value (instance, constant, lazily provided name): deeper attributes are not knowable
+            return Resolved(mod, mod.assigns[head])
         if node is None:
             if not rest and self.module_exists(f"{module}.{head}"):
                 return self.resolve(f"{module}.{head}", "", _depth + 1)
