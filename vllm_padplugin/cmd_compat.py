@@ -26,7 +26,10 @@ def installed_vllm_root() -> Path:
 
     from .compat.source import SourceError
 
-    spec = importlib.util.find_spec("vllm")
+    try:
+        spec = importlib.util.find_spec("vllm")
+    except (ImportError, ValueError):
+        spec = None
     if spec is None or not spec.submodule_search_locations:
         raise SourceError("vLLM is not installed in this Python; pass --vllm-src PATH or --git REPO")
     return Path(list(spec.submodule_search_locations)[0]).parent

@@ -66,7 +66,10 @@ def vllm_root() -> Path | None:
     mod = sys.modules.get("vllm")
     if mod is not None and getattr(mod, "__file__", None):
         return Path(mod.__file__).resolve().parent.parent
-    spec = importlib.util.find_spec("vllm")
+    try:
+        spec = importlib.util.find_spec("vllm")
+    except (ImportError, ValueError):
+        spec = None
     if spec is None or not spec.submodule_search_locations:
         return None
     return Path(list(spec.submodule_search_locations)[0]).parent
