@@ -85,7 +85,7 @@ def inputs():
     return torch.randn(T, H, generator=g), torch.randn(T, E, generator=g)
 
 
-def route(router, is_padding=None, with_context=True):
+def route(router, is_padding=None, with_context=True, ctx_config=None):
     from vllm.config import VllmConfig
     from vllm.forward_context import set_forward_context
 
@@ -93,14 +93,14 @@ def route(router, is_padding=None, with_context=True):
     if not with_context:
         out = router.select_experts(h, logits)
     else:
-        with set_forward_context(None, VllmConfig(), num_tokens=T, is_padding=is_padding):
+        with set_forward_context(None, ctx_config or VllmConfig(), num_tokens=T, is_padding=is_padding):
             out = router.select_experts(h, logits)
     return out[0], out[1]
 
 
 def reference(env):
     """Upstream's routes for the same inputs, no masking involved."""
-    return route(build(env["upstream"]), with_context=False)
+    return route(build(env["upstream"], config=env.get("config")), with_context=False)
 
 
 def assert_masked(env, w, ids, pad=PAD):

@@ -100,6 +100,8 @@ def wrap_factory(inner: Callable, upstream: Callable | None = None) -> Callable:
     def create_fused_moe_router(*args: Any, **kwargs: Any) -> Any:
         pos, kw = split_call(sig, args, kwargs)
         requested = kw.get(SKIP)
+        if _mode() == "hpu-noop":  # HPU has no DeepEP v2: accepted, never acted on
+            kw.pop(SKIP, None)
         for name in [k for k in kw if not _accepts(inner, inner_sig, k)]:
             if name != SKIP:
                 routing.warn_once(f"drop-{name}", "vllm_padplugin: the installed router factory "
