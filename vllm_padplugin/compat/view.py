@@ -7,6 +7,7 @@ The drift classes in ``checks`` only talk to a view, so static and runtime share
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -111,6 +112,14 @@ class StaticView:
     # -- env -------------------------------------------------------------
     def env_default(self, name: str) -> tuple[bool, str | None]:
         """(present, default text) of ``name`` in ``vllm/envs.py``'s environment_variables."""
+        text = self.tree._text("vllm/envs.py")
+        if text is None:
+            return False, None
+        if name not in text:
+            return False, None
+        fast = _env_entry(text, name)     # envs.py is large: parse only the dict entry
+        if fast is not None:
+            return True, _getenv_default(fast, name)
         m = self.tree.module("vllm.envs")
         if m is None:
             return False, None
@@ -137,6 +146,23 @@ def _calls(node: ast.AST, callee: str) -> list[tuple[int, set[str], bool]]:
             kws = {k.arg for k in n.keywords if k.arg}
             out.append((n.lineno, kws, any(k.arg is None for k in n.keywords)))
     return out
+
+
+def _env_entry(text: str, name: str) -> ast.AST | None:
+    """The value of ``"NAME": <value>,`` in a dict literal, parsed from the few lines it spans."""
+    lines = text.splitlines()
+    key = re.compile(rf"""^\s*["']{re.escape(name)}["']\s*:""")
+    for i, line in enumerate(lines):
+        if key.match(line):
+            for j in range(i + 1, min(i + 40, len(lines)) + 1):
+                chunk = "\n".join(lines[i:j]).rstrip().rstrip(",")
+                try:
+                    d = ast.parse("{\n" + chunk + "\n}", mode="eval").body
+                except SyntaxError:
+                    continue
+                if isinstance(d, ast.Dict) and len(d.keys) == 1:
+                    return d.values[0]
+    return None
 
 
 def _getenv_default(node: ast.AST, name: str) -> str | None:
