@@ -141,3 +141,4 @@ def test_excluded_plugin_is_reported_and_never_loads(without_plugin):
     assert front["entry_points_found"] is True and front["entry_points_allowed"] is False
     assert all(ep["allowed"] is False for ep in front["entry_points"]), front["entry_points"]
     assert front["factory_calls"] == 0 and front["binding_sites"] == []
+    assert f"VLLM_PLUGINS='{OTHER_PLUGIN_ONLY}' does not name it" in without_plugin["_stdout"]

@@ -83,7 +83,7 @@ def _fmt_row(cols: list[str], widths: list[int]) -> str:
 def summary_table(reports: list[dict[str, Any]], front_pid: int) -> str:
     head = ["pid", "process", "loaded", "mode", "routers built", "binding sites", "drift"]
     rows = [[str(r.get("pid", "?")), _role(r, front_pid), "yes" if r.get("loaded") else "NO",
-             str(r.get("mode", "?")), str(factory_calls(r)), str(len(r.get("binding_sites") or [])),
+             str(r.get("mode") or "-"), str(factory_calls(r)), str(len(r.get("binding_sites") or [])),
              str(len(r.get("drift") or []))] for r in reports]
     widths = [max(len(x) for x in col) for col in zip(head, *rows)]
     return "\n".join(_fmt_row(x, widths) for x in [head, *rows])
@@ -183,7 +183,8 @@ def render(res: dict[str, Any]) -> str:
         "what the plugin did, per process (from the report each process wrote):",
         summary_table(procs or [front], res["front_pid"]),
     ]
-    worker = max(others or procs or [front], key=factory_calls)
+    builders = [r for r in procs if factory_calls(r)]
+    worker = (builders or others or procs or [front])[0]
     sites = _sites(worker)
     if sites:
         lines.append("rebound binding sites (in pid %s): %s" % (worker.get("pid"), ", ".join(sites)))
@@ -193,11 +194,25 @@ def render(res: dict[str, Any]) -> str:
     else:
         lines.append(f"drift ({len(drift)} distinct finding(s) over all processes):")
         lines += [f"  [{d.get('severity', '?')}] {d.get('detail', d)}" for d in drift]
-    mode = str(worker.get("mode", front.get("mode", "?")))
-    lines.append(_mode_note(mode))
-    if not others and res["multiprocessing"]:
-        lines.append("WARNING: no report from an engine/worker process: the plugin did not load there")
+    errors = sorted({e for r in procs or [front] for e in (r.get("errors") or [])})
+    lines += [f"plugin error (vLLM kept upstream behaviour): {e}" for e in errors]
+    if not front.get("loaded") and not procs:
+        lines.append(_not_loaded_note(front))
+    else:
+        lines.append(_mode_note(str(worker.get("mode", front.get("mode", "?")))))
+    if res["multiprocessing"] and not [r for r in builders if r.get("pid") != res["front_pid"]]:
+        lines.append("WARNING: no report from the process that built the model: "
+                     "the plugin did not load there")
     return "\n".join(lines)
+
+
+def _not_loaded_note(front: dict[str, Any]) -> str:
+    if not front.get("entry_points_found"):
+        return "the plugin did not load: its entry points are not installed (pip install vllm_padplugin)"
+    if not front.get("entry_points_allowed"):
+        return (f"the plugin did not load: VLLM_PLUGINS={front.get('vllm_plugins_env')!r} "
+                "does not name it (vLLM treats VLLM_PLUGINS as an allow-list)")
+    return "the plugin did not load in any process"
 
 
 def _mode_note(mode: str) -> str:
