@@ -51,6 +51,16 @@ def test_bisect_agrees_with_linear_scan(history):
     assert bis.evaluated <= len(shas)
 
 
+def test_bisect_agrees_on_releases(release_repo):
+    repo, _ = release_repo
+    lin = gitscan.scan(repo, "v0.28.0", "v0.34.0")
+    bis = gitscan.scan(repo, "v0.28.0", "v0.34.0", linear_max=1)
+    for attr, field in (("findings", None), ("resolved", "resolved_in")):
+        pick = (lambda f: f.first_bad_commit) if field is None else (lambda f: f.extra[field])
+        assert {gitscan.ident(f): pick(f) for f in getattr(lin, attr)} == \
+            {gitscan.ident(f): pick(f) for f in getattr(bis, attr)}
+
+
 def test_clean_range_is_compatible(history):
     repo, shas = history
     code, doc = cli_json("compat", "--git", str(repo), "--good", shas[0], "--bad", shas[1])

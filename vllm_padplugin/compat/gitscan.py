@@ -176,9 +176,20 @@ def scan(repo: str | Path, good: str, bad: str, surface=SURFACE, check=None,
         for fid, f in at_good.items():
             if fid in at_bad:
                 continue
-            i = next((k for k, c in enumerate(commits) if fid not in at(c)), len(commits) - 1) \
-                if len(commits) <= linear_max else len(commits) - 1
-            f.extra["resolved_in"] = commits[i] if commits else b
+            if len(commits) <= linear_max:
+                i = len(seq) - 1          # start of the final run without it
+                while i > 1 and fid not in at(seq[i - 1]):
+                    i -= 1
+            else:
+                lo, hi = 0, len(seq) - 1  # present at lo (good), absent at hi (bad)
+                while hi - lo > 1:
+                    mid = (lo + hi) // 2
+                    if fid in at(seq[mid]):
+                        lo = mid
+                    else:
+                        hi = mid
+                i = hi
+            f.extra["resolved_in"] = seq[i]
             resolved.append(f)
         version = read_version(Tree(GitReader(repo, b, cat, prefix)))
         return GitScan(g, b, commits, out, resolved, subjects, sorted(set(errors)), len(cache), version)
