@@ -118,13 +118,11 @@ def check_required(path: str, params: list[Param], passed: Iterable[str], key=""
             for p in params if p.required and p.name not in passed]
 
 
-def check_override(view, module: str, name: str, replacement: list[Param], *, who: str, key="",
-                   sites: Iterable[str] | None = None) -> list[Finding]:
+def check_override(view, module: str, name: str, replacement: list[Param], *, who: str,
+                   key="") -> list[Finding]:
     """The vllm-gaudi TypeError: a replacement lacks a keyword that upstream callers pass."""
     out, seen = [], set()
     for site, calls in view.callers(module, name).items():
-        if sites is not None and site not in sites and site != module:
-            pass
         for line, kws, _ in calls:
             for kw in sorted(kws):
                 if kw in seen or accepts(replacement, kw):

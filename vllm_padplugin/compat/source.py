@@ -243,7 +243,7 @@ class Tree:
     def quick_top_level(self, module: str, name: str) -> str | None:
         """'class'/'function' when the module's text defines ``name`` at column 0 (no parse).
         Only a positive answer is trusted; anything else goes through the parser."""
-        if "." in name or not name or name in self._mods:
+        if "." in name or not name:
             return None
         for rel in module_paths(module):
             text = self._text(rel)
