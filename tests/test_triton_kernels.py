@@ -208,14 +208,17 @@ def test_gpu_fused_grouped_topk_matches_reference(E, G, TG, K, scale, T, bias):
 
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("block_m,num_warps", [(1, 2), (2, 4), (8, 4), (16, 8)])
-def test_gpu_fused_grouped_topk_configs(block_m, num_warps):
+@pytest.mark.parametrize("block_m,num_warps", [(1, 1), (1, 2), (2, 4), (8, 4), (16, 8)])
+@pytest.mark.parametrize("skip_padded_loads", [False, True])
+def test_gpu_fused_grouped_topk_configs(block_m, num_warps, skip_padded_loads):
     x = torch.randn(333, 256, device="cuda")
     b = torch.randn(256, device="cuda") * 0.05
-    kw = dict(topk=8, num_expert_group=8, topk_group=4, routed_scaling_factor=2.5)
-    fw, fi = fused_grouped_topk(x, b, block_m=block_m, num_warps=num_warps, **kw)
+    mask = torch.rand(340, device="cuda") < 0.3
+    kw = dict(topk=8, num_expert_group=8, topk_group=4, routed_scaling_factor=2.5, is_padding=mask)
+    fw, fi = fused_grouped_topk(x, b, block_m=block_m, num_warps=num_warps, skip_padded_loads=skip_padded_loads, **kw)
     rw, ri = grouped_topk_reference(x, b, **kw)
     same_routing(fw, fi, rw, ri)
+    assert (fi[mask[:333]] == -1).all() and (fw[mask[:333]] == 0).all()
 
 
 @pytest.mark.gpu

@@ -37,6 +37,7 @@ if HAS_TRITON:
         HAS_BIAS: tl.constexpr,
         HAS_PAD: tl.constexpr,
         RENORM: tl.constexpr,
+        SKIP_PADDED_LOADS: tl.constexpr,
         BLOCK_M: tl.constexpr,
         BLOCK_G: tl.constexpr,
         BLOCK_S: tl.constexpr,
@@ -51,9 +52,13 @@ if HAS_TRITON:
         g3 = g[None, :, None]
         s3 = s[None, None, :]
         expert = g3 * S + s3  # [1, BG, BS] expert id
-        if HAS_PAD:  # issued with the logits load, not before it: no extra latency on the chain
+        live = row_ok
+        if HAS_PAD:
             pad = tl.load(pad_ptr + rows, mask=row_ok, other=0) != 0
-        valid = (g3 < G) & (s3 < S) & row_ok[:, None, None]
+            if SKIP_PADDED_LOADS:  # big batches: padded rows read no logits (bandwidth-bound)
+                live = row_ok & (pad == 0)
+            # small batches: the pad load issues beside the logits load, adding no latency
+        valid = (g3 < G) & (s3 < S) & live[:, None, None]
         rows64 = rows.to(tl.int64)[:, None, None]
         x = tl.load(logits_ptr + rows64 * stride_t + expert, mask=valid, other=0.0).to(tl.float32)
         scores = tl.sigmoid(x)
@@ -123,11 +128,14 @@ def fused_grouped_topk(
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
     block_m: int | None = None,
     num_warps: int | None = None,
+    skip_padded_loads: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sigmoid grouped top-k + mask in one launch; returns ``(weights f32, ids i32)``.
 
     ``out`` = preallocated ``(weights, ids)`` (contiguous [T, topk]) to write into.
     ``is_padding`` may be longer than the batch; only ``[:T]`` is read.
+    ``skip_padded_loads`` (default: above 1024 tokens) makes padded rows skip their logits
+    load, which pays when bandwidth-bound and costs a dependent load when latency-bound.
     """
     tensors = [gating_output] + ([is_padding] if is_padding is not None else [])
     if not can_use_triton(*tensors):
@@ -180,6 +188,7 @@ def fused_grouped_topk(
         HAS_BIAS=e_score_correction_bias is not None,
         HAS_PAD=is_padding is not None,
         RENORM=renormalize,
+        SKIP_PADDED_LOADS=(num_tokens > 1024) if skip_padded_loads is None else skip_padded_loads,
         BLOCK_M=bm,
         BLOCK_G=triton.next_power_of_2(num_expert_group),
         BLOCK_S=triton.next_power_of_2(per_group),
