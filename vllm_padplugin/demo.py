@@ -158,8 +158,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "report_dir": str(report_dir),
         "seconds": {"build_and_start": round(t1 - t0, 1), "generate": round(t2 - t1, 1)},
     }
-    # Shut the engine down before returning so worker processes flush and exit.
-    del llm
+    # Every process wrote its report at plugin load and after each factory call
+    # (model build), both before generate() returned, so the files are complete here.
     return result
 
 
