@@ -105,6 +105,10 @@ def load(
         console.print("  all functions by self time:")
         for r in prof["all_functions_by_self"][:8]:
             console.print(f"  {r['self_ms']:8.1f} ms self x{r['ncalls']:<5} {r['function']}")
+        parses = ex["ast_parses_plugin_on"]
+        console.print(f"ast.parse during the hooks: {len(parses)} files, {sum(p['ms'] for p in parses):.1f} ms (one run):")
+        for p in parses[:6]:
+            console.print(f"  {p['ms']:8.1f} ms {p['chars']:8d} chars  {p['file']}")
     if json_file:
         _write_json(json_file, doc)
         console.print(f"JSON: {json_file}")

@@ -180,6 +180,35 @@ def run(python: str = sys.executable, repeats: int = 10) -> dict[str, Any]:
     }
 
 
+_PARSES = r"""
+import ast, json, sys, time
+parse, parses = ast.parse, []
+def timed_parse(source, filename="<unknown>", *args, **kwargs):
+    start = time.perf_counter()
+    try:
+        return parse(source, filename, *args, **kwargs)
+    finally:
+        parses.append({"file": str(filename).split("site-packages/")[-1], "chars": len(source),
+                       "ms": 1000 * (time.perf_counter() - start)})
+import vllm
+ast.parse = timed_parse  # after import vllm: only what the hooks parse
+from vllm.platforms import current_platform
+current_platform.device_type
+from vllm.plugins import load_general_plugins
+load_general_plugins()
+print("PADPLUGIN_PARSES " + json.dumps(sorted(parses, key=lambda p: -p["ms"])))
+"""
+
+
+def source_parses(python: str, env: dict[str, str | None]) -> list[dict[str, Any]]:
+    """Source files parsed with ``ast.parse`` during the hooks (the runtime drift check reads vLLM sources)."""
+    out = subprocess.run([python, "-c", _PARSES], capture_output=True, text=True, env=_env(env), check=False)
+    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("PADPLUGIN_PARSES ")), None)
+    if out.returncode or line is None:
+        raise LoadBenchError(f"parse probe failed in {python} (rc={out.returncode}): {out.stderr.strip()[-800:]}")
+    return json.loads(line.split(" ", 1)[1])
+
+
 def _importtime(stderr: str) -> dict[str, tuple[int, int]]:
     """``-X importtime`` lines -> {module: (self_us, cumulative_us)}."""
     table = {}
@@ -216,4 +245,5 @@ def explain(python: str = sys.executable, top: int = 15) -> dict[str, Any]:
         "extra_module_count": len(extra),
         "plugin_modules": [{"module": n, "self_ms": s / 1000, "cumulative_ms": c / 1000} for n, s, c in ours],
         "profile_plugin_on": profile_hooks(python, envs["plugin_on"], top),
+        "ast_parses_plugin_on": source_parses(python, envs["plugin_on"]),
     }
