@@ -236,7 +236,7 @@ class Baseline:
     def of(cls, view, surface: Iterable[Symbol] = SURFACE) -> "Baseline":
         b = cls()
         for s in surface:
-            if s.kind in (Kind.FUNCTION, Kind.METHOD, Kind.CLASS) and view.has_module(s.module):
+            if s.kind in (Kind.FUNCTION, Kind.METHOD, Kind.CLASS) and s.params and view.has_module(s.module):
                 info = view.lookup(s.module, s.qualname)
                 if info is not None and info.params is not None:
                     b.params[s.key] = info.params
@@ -275,7 +275,8 @@ def check_symbol(view, s: Symbol, mode: str, baseline: Baseline | None = None) -
     if info is None:
         return out
     path = s.path
-    params = getattr(info, "params", None)
+    # params only when the entry lists some: reading them may parse a big file (the legacy runner)
+    params = getattr(info, "params", None) if s.params else None
     if s.kind in (Kind.FUNCTION, Kind.METHOD, Kind.CLASS) and s.params and params is not None:
         out += check_params(path, params, s.params, backport=s.backport, mode=mode, key=s.key)
         if baseline is not None and s.key in baseline.params:
