@@ -40,6 +40,11 @@ def balance(
         _write_json(json_file, doc)
         console.print(f"JSON: {json_file}")
     if plot_file:
+        try:
+            import matplotlib  # noqa: F401  (the plot's only extra dependency)
+        except ImportError:
+            console.print("[red]error:[/red] --plot needs matplotlib (pip install 'vllm_padplugin[test]')")
+            raise typer.Exit(2) from None
         plot_file.parent.mkdir(parents=True, exist_ok=True)
         bench.plot(doc, str(plot_file))
         console.print(f"plot: {plot_file}")
