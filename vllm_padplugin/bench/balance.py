@@ -7,7 +7,9 @@ Kimi-style router (``routers.grouped_topk``), applies the plugin's REAL masking 
 rule, the tokens every EP rank receives.  Pure torch, no vLLM import, fixed seeds.
 
 Padding sources modelled (vLLM V1, DP attention + EP MoE, one EP rank per DP rank):
-  sp-*             sequence parallelism pads each TP group's batch to a multiple of TP;
+  sp-*             sequence parallelism pads each TP group's batch to a multiple of TP (vLLM's
+                   ``sequence_parallel_chunk``: zero rows appended, then one chunk per TP rank, so
+                   the padding lands on the last TP rank(s); the ``stale`` variant is for comparison);
   cudagraph-decode DP ranks synchronise their token count to the DP maximum, then pad it up
                    to the next CUDA-graph capture size (1, 2, 4, 8, 16, 24, ... 256, 272, ... 512);
   dp-dummy-decode  idle DP ranks must still join every all-to-all, so they run a dummy batch
