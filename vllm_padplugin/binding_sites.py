@@ -145,3 +145,17 @@ def holders(is_ours: Callable[[Any], bool]) -> list[tuple[types.ModuleType, str]
             continue
         out.extend((mod, attr) for attr, value in items if is_ours(value))
     return out
+
+
+def safe_hook(fn: Callable[[types.ModuleType], Any]) -> Callable[[types.ModuleType], None]:
+    """A post-import callback that can never break vLLM's import (one warning; strict raises)."""
+
+    def hook(module: types.ModuleType) -> None:
+        try:
+            fn(module)
+        except Exception as exc:
+            from vllm_padplugin.plugin import _fail
+
+            _fail(f"post-import hook for {getattr(module, '__name__', module)}", exc)
+
+    return hook

@@ -40,12 +40,12 @@ def on_platform_hook() -> None:
             state.STATE.platform_hook_ran = True
         import wrapt
 
-        from vllm_padplugin.router_override import FACTORY_MODULE
+        from vllm_padplugin import surface
+        from vllm_padplugin.binding_sites import safe_hook
 
         # Never run now (the platform may be resolving): only once the factory module is imported.
-        from vllm_padplugin.patches.router_factory import safe_hook
-
-        wrapt.register_post_import_hook(safe_hook(lambda _m: ensure_installed("post-import")), FACTORY_MODULE)
+        hook = safe_hook(lambda _m: ensure_installed("post-import"))
+        wrapt.register_post_import_hook(hook, surface.get("router_factory").module)
     except Exception as exc:
         _fail("platform hook", exc)
 

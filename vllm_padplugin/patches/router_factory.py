@@ -72,18 +72,7 @@ def install(module: types.ModuleType) -> list[str]:
 KNOWN_SITE_MODULES = (surface.get("fused_moe_layer").module,)
 
 
-def safe_hook(fn: Callable[[types.ModuleType], Any]) -> Callable[[types.ModuleType], None]:
-    """A post-import callback that can never break vLLM's import (one warning; strict raises)."""
-
-    def hook(module: types.ModuleType) -> None:
-        try:
-            fn(module)
-        except Exception as exc:
-            from vllm_padplugin.plugin import _fail
-
-            _fail(f"post-import hook for {getattr(module, '__name__', module)}", exc)
-
-    return hook
+safe_hook = binding_sites.safe_hook  # re-export
 
 
 def _qual(f: Any) -> str:
