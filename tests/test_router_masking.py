@@ -226,3 +226,15 @@ def test_bad_mask_strict_raises(env):
     router = build(env["layer"].create_fused_moe_router)  # strict is read at build time
     with pytest.raises(PaddingMaskError, match="torch.bool"):
         route(router, torch.zeros(T, dtype=torch.int64))
+
+
+def test_deepep_v2_rule_without_vllm_class(env, monkeypatch):
+    """If FusedMoEParallelConfig changed shape, the rule as of 0.28-0.34 is used instead."""
+    from vllm.config import VllmConfig
+
+    from vllm_padplugin import routing
+
+    assert routing.deepep_v2_active(deepep_v2_config()) is True
+    monkeypatch.setattr(routing, "_class_of", lambda sym: None)
+    assert routing.deepep_v2_active(deepep_v2_config()) is True
+    assert routing.deepep_v2_active(VllmConfig()) is False

@@ -178,3 +178,73 @@ def test_parity_with_installed_vllm(vllm):
     # and the release source read statically agrees with the imported function
     src = signature_from_source(inspect.getsourcefile(upstream), FACTORY_NAME)
     assert list(src.parameters) == list(inspect.signature(upstream).parameters)
+
+
+# ------------------------------------------------------------ pure helpers behind the override
+
+
+@pytest.mark.parametrize(
+    "mode,requested,inner_masks,v2,env_on,grouped,expect",
+    [
+        ("backport", None, False, True, True, True, True),    # old layer, DeepEP v2: auto
+        ("backport", True, False, True, True, True, True),
+        ("backport", False, False, True, True, True, False),  # explicitly not requested
+        ("backport", None, False, False, True, True, False),  # not DeepEP v2
+        ("backport", None, False, True, False, True, False),  # VLLM_MOE_SKIP_PADDING=0
+        ("backport", None, False, True, True, False, False),  # not a grouped router
+        ("native", True, True, True, True, True, False),      # upstream masks: never twice
+        ("native", True, False, True, True, True, True),      # foreign factory without skip_padding
+        ("native", None, False, True, True, True, False),     # caller did not ask
+        ("hpu-noop", True, False, True, True, True, False),
+        ("passthrough", True, False, True, True, True, False),
+    ],
+)
+def test_should_mask_table(mode, requested, inner_masks, v2, env_on, grouped, expect):
+    from vllm_padplugin.router_override import should_mask
+
+    assert should_mask(mode=mode, requested=requested, inner_masks=inner_masks, deepep_v2=v2,
+                       env_on=env_on, grouped=grouped) is expect
+
+
+def test_accepts_kwarg_follows_wrapped_only():
+    import functools
+
+    from vllm_padplugin.compat_utils import accepts_kwarg, has_argument
+
+    def new(top_k, skip_padding=False): ...
+    def old(top_k): ...
+
+    @functools.wraps(new)
+    def wraps_new(*a, **kw): ...
+
+    @functools.wraps(old)
+    def wraps_old(*a, **kw): ...
+
+    def bare(*a, **kw): ...
+
+    assert has_argument(new, "skip_padding") and not has_argument(old, "skip_padding")
+    assert accepts_kwarg(new, "skip_padding") and not accepts_kwarg(old, "skip_padding")
+    assert accepts_kwarg(wraps_new, "skip_padding") and not accepts_kwarg(wraps_old, "skip_padding")
+    assert not accepts_kwarg(bare, "skip_padding"), "**kwargs alone proves nothing"
+
+
+def test_signature_from_source_method_and_missing(releases_dir):
+    path = releases_dir / "0.31.0" / "vllm/model_executor/layers/fused_moe/router/grouped_topk_router.py"
+    if not path.exists():
+        pytest.skip(f"{path} absent")
+    sig = signature_from_source(path, "GroupedTopKRouter.__init__")
+    assert list(sig.parameters)[0] == "self" and sig.parameters["skip_padding"].default is False
+    with pytest.raises(LookupError, match="NoSuchRouter"):
+        signature_from_source(path, "NoSuchRouter.__init__")
+
+
+@pytest.mark.parametrize("raw,expect", [(None, True), ("1", True), ("0", False), ("false", False),
+                                        ("True", True), (" 0 ", False), ("2", True)])
+def test_skip_padding_env_parsing(monkeypatch, raw, expect):
+    from vllm_padplugin.routing import skip_padding_env_enabled
+
+    if raw is None:
+        monkeypatch.delenv("VLLM_MOE_SKIP_PADDING", raising=False)
+    else:
+        monkeypatch.setenv("VLLM_MOE_SKIP_PADDING", raw)
+    assert skip_padding_env_enabled() is expect
