@@ -95,6 +95,21 @@ def test_foreign_factory_before_us(env):
     assert env["state"].foreign_factories == ["vllm_gaudi.fake_ops.hpu_create_fused_moe_router"]
 
 
+def test_foreign_factory_everywhere_before_us_keeps_upstream_signature(env):
+    """Both sites hold the foreign (*args, **kwargs) factory: upstream's signature is found
+    through the function it forwards to (closure), so parity still holds."""
+    gaudi, calls = make_fake_gaudi(env["upstream"])
+    env["layer"].create_fused_moe_router = gaudi
+    env["rf"].create_fused_moe_router = gaudi
+    install(env)
+    for mod in (env["layer"], env["rf"]):
+        ours = mod.create_fused_moe_router
+        assert inner_of(ours) is gaudi
+        up = inspect.signature(env["upstream"])
+        assert list(inspect.signature(ours).parameters)[: len(up.parameters)] == list(up.parameters)
+        assert "skip_padding" in inspect.signature(ours).parameters
+
+
 @pytest.mark.parametrize("where", ["layer", "rf"])
 def test_foreign_factory_after_us(env, where):
     """Assignment after us goes through the module guard: used there, wrapped by us."""

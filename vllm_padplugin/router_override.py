@@ -60,7 +60,27 @@ def upstream_of(inner: Callable, candidates: tuple[Callable, ...] = ()) -> Calla
     for f in (innermost(inner), *map(innermost, candidates)):
         if is_upstream_factory(f):
             return f
+    for f in (inner, *candidates):  # a foreign wrapper that kept upstream's in a closure/global
+        found = _referenced_upstream(innermost(f))
+        if found is not None:
+            return found
     return inner
+
+
+def _referenced_upstream(func: Any) -> Callable | None:
+    """Upstream's factory held in ``func``'s closure cells or module globals, if any."""
+    if not isinstance(func, types.FunctionType):
+        return None
+    cells = []
+    for cell in func.__closure__ or ():
+        try:
+            cells.append(cell.cell_contents)
+        except ValueError:  # empty cell
+            continue
+    for value in (*cells, *func.__globals__.values()):
+        if is_upstream_factory(value):
+            return value
+    return None
 
 
 def should_mask(
