@@ -55,12 +55,14 @@ CASES = {
     "twice": (f"""
         from vllm.plugins import load_general_plugins
         load_general_plugins()
+        from vllm_padplugin import state
+        platform_hook_called_by_vllm = state.STATE.platform_hook_ran
         import vllm_padplugin
         vllm_padplugin.register(); vllm_padplugin.register_platform(); vllm_padplugin.register()
         import {LAYER}
         import os
-        dump({{"pid": os.getpid()}})
-    """, {"VLLM_PADPLUGIN_REPORT_DIR": "<tmp>"}),
+        dump({{"pid": os.getpid(), "platform_hook_called_by_vllm": platform_hook_called_by_vllm}})
+    """, {"VLLM_PADPLUGIN_REPORT_DIR": "<tmp>", "VLLM_TARGET_DEVICE": "cpu"}),
     "platform_only": (f"""
         from vllm.platforms import current_platform
         current_platform.device_type
@@ -112,9 +114,12 @@ def runs(vllm, tmp_path_factory):
 
 
 def test_general_hook_installs_once_even_if_loaded_twice(runs):
+    """VLLM_TARGET_DEVICE=cpu: vLLM never calls platform plugins; the general hook does the
+    job.  Our platform hook is then called by hand too: still one installation."""
     rc, _, err, rep = runs["twice"]
     assert rc == 0, err[-3000:]
     assert rep["loaded"] and rep["hooks"]["general"] and rep["mode"] == "passthrough"
+    assert rep["platform_hook_called_by_vllm"] is False
     assert rep["layer_is_ours"] and rep["layer_inner_is_upstream"], "wrapped exactly once"
     assert f"{LAYER}.create_fused_moe_router" in rep["binding_sites"]
     assert f"{RF}.create_fused_moe_router" in rep["binding_sites"]

@@ -126,7 +126,8 @@ def format_text(rep: dict) -> str:
         f"  vLLM:           {rep['vllm_version'] or 'not imported'}",
         f"  platform:       {rep['platform'] or 'unknown'}",
         f"  entry points:   {ep_txt}",
-        f"  loaded:         {rep['loaded']}  (hooks: platform={rep['hooks']['platform']}, general={rep['hooks']['general']})",
+        f"  loaded:         {rep['loaded']}  (hooks: platform={rep['hooks']['platform']}, general={rep['hooks']['general']})"
+        + ("  <- VLLM_PLUGINS excludes padplugin" if eps and not rep["entry_points_allowed"] else ""),
         f"  mode:           {rep['mode'] or '-'}",
         f"  patches:        {', '.join(rep['applied_patches']) or '-'}",
         f"  binding sites:  {', '.join(rep['binding_sites']) or '- (router factory not imported in this process yet)'}",
