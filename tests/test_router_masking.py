@@ -238,3 +238,23 @@ def test_deepep_v2_rule_without_vllm_class(env, monkeypatch):
     monkeypatch.setattr(routing, "_class_of", lambda sym: None)
     assert routing.deepep_v2_active(deepep_v2_config()) is True
     assert routing.deepep_v2_active(VllmConfig()) is False
+
+
+def test_masked_routing_traces_in_one_graph(env):
+    """torch.compile may trace the router: the masking path (forward-context read + pure
+    torch mask) must trace without a graph break (fullgraph=True; eager backend, so no
+    compiler is needed) and give the same result as eager."""
+    from vllm.config import VllmConfig
+    from vllm.forward_context import set_forward_context
+
+    router = build(env["layer"].create_fused_moe_router)
+    h, logits = inputs()
+
+    def fn(h, logits):
+        return router._compute_routing(h, logits, None)
+
+    compiled = torch.compile(fn, backend="eager", fullgraph=True)
+    with set_forward_context(None, VllmConfig(), num_tokens=T, is_padding=mask()):
+        got, want = compiled(h, logits), fn(h, logits)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert torch.all(got[1][torch.tensor(PAD)] == -1)
