@@ -22,12 +22,21 @@ from vllm_padplugin import state
 logger = logging.getLogger("vllm_padplugin")
 
 
+STRICT_MARK = "__padplugin_strict__"
+
+
 def _fail(where: str, exc: BaseException) -> None:
+    # Strict mode's error is raised once and passed up unchanged by the outer hooks
+    # (not re-wrapped into a nested message).
+    if getattr(exc, STRICT_MARK, False):
+        raise exc
     msg = f"{where} failed ({type(exc).__name__}: {exc})"
     with state.LOCK:
         state.STATE.errors.append(msg)
     if state.strict():
-        raise RuntimeError(f"vllm_padplugin: {msg} [VLLM_PADPLUGIN_STRICT=1]") from exc
+        err = RuntimeError(f"vllm_padplugin: {msg} [VLLM_PADPLUGIN_STRICT=1]")
+        setattr(err, STRICT_MARK, True)
+        raise err from exc
     logger.warning("vllm_padplugin: %s; vLLM continues with upstream behaviour", msg)
 
 
@@ -92,7 +101,7 @@ def ensure_installed(source: str = "general hook") -> None:
             _fail("drift check", exc)
         from vllm_padplugin.patches import apply_all
 
-        applied, _sites = apply_all(env, _fail)
+        applied, _sites = apply_all(env, _patch_failed)
         with state.LOCK:
             state.STATE.applied_patches = applied
         logger.info("vllm_padplugin: mode %s on %s (vLLM %s) via %s; patches: %s",
@@ -113,6 +122,27 @@ def _check_drift(env) -> None:
     with state.LOCK:
         state.STATE.drift = [f.to_dict() for f in findings]
     shim.emit(findings, env.strict)
+
+
+def _patch_failed(where: str, exc: BaseException) -> None:
+    """A patch that fails on a symbol the drift check already warned about (breaking) is
+    recorded in the report but not warned about again: one cause, one warning."""
+    from vllm_padplugin.patches import load
+
+    try:
+        keys = set(load(where.removeprefix("patch ")).surface_keys)
+    except Exception:
+        keys = set()
+    with state.LOCK:
+        warned = [d for d in state.STATE.drift if d.get("severity") == "breaking" and d.get("key") in keys]
+    if not warned or state.strict():
+        _fail(where, exc)
+        return
+    msg = f"{where} failed ({type(exc).__name__}: {exc})"
+    with state.LOCK:
+        state.STATE.errors.append(msg)
+    logger.info("vllm_padplugin: %s (cause warned above: %s); vLLM continues with upstream behaviour",
+                msg, warned[0].get("kind"))
 
 
 def _write_report() -> None:
