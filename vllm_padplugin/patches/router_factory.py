@@ -87,8 +87,19 @@ def _apply(env: Env) -> list[str]:
             f"{FACTORY_MODULE} not found in the installed vLLM {env.vllm_version} "
             "(moved or removed): MoE routers are built without the plugin"
         )
-    ran_now = binding_sites.when_imported(FACTORY_MODULE, safe_hook(install))
+    ran_now = binding_sites.when_imported(FACTORY_MODULE, _install_hook)
     return list(state.STATE.binding_sites) if ran_now else []
+
+
+def _install_hook(module: types.ModuleType) -> None:
+    """``install`` that never breaks vLLM's import; a failure is this patch's failure (one
+    warning, or none more when the drift check already warned about its cause)."""
+    try:
+        install(module)
+    except Exception as exc:
+        from vllm_padplugin.plugin import _patch_failed
+
+        _patch_failed(f"patch {PATCH.name}", exc)
 
 
 PATCH = Patch(
