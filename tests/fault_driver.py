@@ -126,7 +126,17 @@ def no_is_padding_tree(pkg: str) -> None:
         r"\n[ \t]*is_padding(: torch\.Tensor \| None = None|=is_padding),?(?=\n)", "", t))
 
 
+def factory_removed_tree(pkg: str) -> None:
+    """Upstream removed ``create_fused_moe_router``: routers come from a differently named
+    function (``build_router``) that layer.py imports under the old local name."""
+    _edit(pkg, RF_FILE, lambda t: t.replace("def create_fused_moe_router(", "def build_router("))
+    _edit(pkg, LAYER_FILE, lambda t: t.replace(
+        "router.router_factory import (\n    create_fused_moe_router,",
+        "router.router_factory import (\n    build_router as create_fused_moe_router,"))
+
+
 TREES = {"sig_incompatible": sig_incompatible_tree, "factory_moved": factory_moved_tree,
+         "factory_removed": factory_removed_tree,
          "no_is_padding": no_is_padding_tree}
 
 
@@ -239,7 +249,7 @@ def main() -> int:
 
     m = {"layer": importlib.import_module(LAYER), "fc": importlib.import_module(FC)}
     m["rf"] = importlib.import_module(MOVED_TO if fault == "factory_moved" else RF)
-    m["upstream"] = m["rf"].create_fused_moe_router
+    m["upstream"] = m["layer"].create_fused_moe_router  # upstream's, whatever its home
     if masking:
         from test_router_masking import NotCpuPlatform
 

@@ -43,6 +43,7 @@ ROUTER_CASES = {
     "baseline_masking": ("none", ["--masking"], MASKING),
     "sig_incompatible": ("sig_incompatible", [], {}),
     "factory_moved": ("factory_moved", [], {}),
+    "factory_removed": ("factory_removed", [], {}),
     "no_is_padding": ("no_is_padding", ["--masking"], MASKING),
     "env_garbage": ("env_garbage", ["--masking"], MASKING),
     "foreign_before": ("foreign_before", ["--masking"], MASKING),
@@ -151,6 +152,16 @@ def test_factory_moved_one_warning_upstream_factory_used(runs):
     assert any("patch router_factory failed" in e for e in res["report"]["errors"])
 
 
+def test_factory_removed_one_warning_upstream_router_used(runs):
+    """create_fused_moe_router no longer exists (layer.py builds through ``build_router``):
+    ONE line names the removed symbol; upstream's function builds the routers."""
+    res = runs["factory_removed"]
+    serves_like_upstream(res)
+    (w,) = plugin_warnings(res)
+    assert "symbol-removed" in w and "create_fused_moe_router" in w
+    assert not res["layer_factory_is_ours"] and res["report"]["errors"]
+
+
 def test_forward_context_without_is_padding_warns_per_drifted_symbol_and_routes_unmasked(runs):
     """A vLLM whose forward-context API has no ``is_padding`` (field and both builders'
     parameter removed in the source): one line per drifted symbol, each naming
@@ -244,7 +255,7 @@ def test_report_without_vllm_installed_exit_2(vllm, tmp_path):
             "import importlib.util; assert importlib.util.find_spec('vllm') is None\n"
             "sys.argv = ['vllm-padplugin', 'report']\n"
             "from vllm_padplugin.cli import main; main()")
-    proc = subprocess.run([sys.executable, "-S", "-I", "-c", code], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-S", "-I", "-B", "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "vLLM is not installed" in proc.stderr and "Traceback" not in proc.stderr + proc.stdout
 
