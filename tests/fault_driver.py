@@ -1,7 +1,11 @@
 """Fault-injection driver: apply ONE fault to the real vLLM in this process, load the plugin
 through vLLM's real loader, then show what a user would get.  Prints ``RESULT=<json>``.
 
-    python tests/fault_driver.py FAULT [--engine]
+    python tests/fault_driver.py FAULT [--masking] [--engine]
+
+FAULT: a source fault in TREES (sig_incompatible, factory_moved, factory_removed,
+no_is_padding), a live one in BEFORE/AFTER (env_garbage, foreign_before, foreign_after,
+dev_version, loaded_twice), or ``none``.
 
 Order (``VLLM_TARGET_DEVICE=cpu``, so vLLM never calls platform hooks and nothing of the
 plugin runs before the fault is in place): import vLLM's MoE layer (real modules) ->
@@ -13,18 +17,16 @@ assigning its factory after us) -> checks.
 
 Router mode builds routers through the real binding site
 (``fused_moe.layer.create_fused_moe_router``) and compares their routes with routers
-from upstream's own factory object, captured before any fault.  Masking faults
+from upstream's own factory object (the layer's binding, taken before the plugin loads).  Masking faults
 (``--masking``) need a GroupedTopKRouter: the factory module's ``current_platform``
 is then the FAKE ``NotCpuPlatform`` proxy of test_router_masking (this machine is
 CPU-only), with the mode forced to backport and DeepEP v2 set through vLLM's config.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
-import types
 
 LAYER = "vllm.model_executor.layers.fused_moe.layer"
 RF = "vllm.model_executor.layers.fused_moe.router.router_factory"
