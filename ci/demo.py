@@ -20,7 +20,7 @@ VERSION = os.environ.get("PADPLUGIN_DEMO_VLLM", "0.32.0")
 
 def main(argv: list[str]) -> int:
     venv = vllm_venv.ensure(VERSION, vllm_venv.DEFAULT_CACHE / "venvs",
-                            int(os.environ.get("VLLM_PADPLUGIN_KEEP_VENVS", "3")), True)
+                            int(os.environ.get("PADPLUGIN_KEEP_VENVS", "3")), True)
     py = str(venv / "bin" / "python")
     sys.stdout.flush()
     # exec: the demo's exit status and signals are the command's own.

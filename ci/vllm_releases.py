@@ -21,7 +21,7 @@ import zipfile
 from pathlib import Path
 
 RELEASES = ("0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0")
-DEFAULT_CACHE = Path(os.environ.get("VLLM_PADPLUGIN_CACHE", Path.home() / ".cache" / "vllm_padplugin"))
+DEFAULT_CACHE = Path(os.environ.get("PADPLUGIN_CACHE", Path.home() / ".cache" / "vllm_padplugin"))
 
 
 def ensure(version: str, root: Path) -> Path:

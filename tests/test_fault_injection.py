@@ -7,7 +7,7 @@ changed" faults), then loads the plugin through vLLM's own loader
 (``load_general_plugins``, or ``LLM(...)`` for the engine cases) and builds routers
 through the real ``fused_moe.layer`` binding site.  The outcome asserted for each fault:
 vLLM keeps serving with upstream behaviour and ONE warning line naming the cause, or,
-with ``VLLM_PADPLUGIN_STRICT=1``, a clear error at load.
+with ``PADPLUGIN_STRICT=1``, a clear error at load.
 
 Fakes, as the driver says: vllm-gaudi's factory replacement (not installable here) is a
 fake; masking faults build GroupedTopKRouter through a proxy of the CPU platform whose
@@ -34,8 +34,8 @@ RF = "vllm.model_executor.layers.fused_moe.router.router_factory"
 N_MOE_LAYERS = 2  # tiny DeepSeek-V3: 3 layers, first dense
 PARALLEL = max(2, min(4, (os.cpu_count() or 2) + 1))
 
-MASKING = {"VLLM_PADPLUGIN_FORCE_MODE": "backport"}
-STRICT = {"VLLM_PADPLUGIN_STRICT": "1"}
+MASKING = {"PADPLUGIN_FORCE_MODE": "backport"}
+STRICT = {"PADPLUGIN_STRICT": "1"}
 DEV_VERSION = "0.35.0.dev12+gabc1234"
 
 #: name -> (fault, driver flags, env)
@@ -67,7 +67,7 @@ ENGINE_CASES = {
 
 def _env(tmp: Path, over: dict) -> dict:
     env = dict(os.environ)
-    for k in ("VLLM_PLUGINS", "VLLM_PADPLUGIN_STRICT", "VLLM_PADPLUGIN_FORCE_MODE", "VLLM_PADPLUGIN_REPORT_DIR",
+    for k in ("VLLM_PLUGINS", "PADPLUGIN_STRICT", "PADPLUGIN_FORCE_MODE", "PADPLUGIN_REPORT_DIR",
               "VLLM_MOE_SKIP_PADDING", "VLLM_ENABLE_V1_MULTIPROCESSING", "FAULT_VLLM_VERSION"):
         env.pop(k, None)
     env.update(VLLM_TARGET_DEVICE="cpu", FAULT_TREE_DIR=str(tmp), HF_HUB_OFFLINE="1",
@@ -234,11 +234,11 @@ def test_report_cli_says_vllm_plugins_excludes_us(vllm, tmp_path):
                                          ("strict_factory_moved", "router_factory_v2"),
                                          ("strict_no_is_padding", "is_padding")])
 def test_strict_mode_turns_drift_into_one_error_at_load(runs, case, needle):
-    """VLLM_PADPLUGIN_STRICT=1: ``load_general_plugins()`` raises one RuntimeError naming
+    """PADPLUGIN_STRICT=1: ``load_general_plugins()`` raises one RuntimeError naming
     the drift (not re-wrapped by the outer hooks), before any router is built."""
     res = runs[case]
     assert res["rc"] == 3 and res["error"].startswith("RuntimeError: vllm_padplugin: drift check failed")
-    assert needle in res["error"] and res["error"].count("[VLLM_PADPLUGIN_STRICT=1]") == 1
+    assert needle in res["error"] and res["error"].count("[PADPLUGIN_STRICT=1]") == 1
     assert res["report"]["factory_calls"] == 0 and "router_class" not in res
 
 
@@ -289,4 +289,4 @@ def test_engine_keeps_serving_same_tokens(engine_runs, case):
 def test_engine_strict_mode_refuses_to_start(engine_runs):
     res = engine_runs["strict_sig_incompatible"]
     assert res["rc"] == 3 and "generated_token_ids" not in res
-    assert "VLLM_PADPLUGIN_STRICT=1" in res["error"] and "'use_grouped_topk'" in res["error"]
+    assert "PADPLUGIN_STRICT=1" in res["error"] and "'use_grouped_topk'" in res["error"]

@@ -49,7 +49,7 @@ def env(plugin_sandbox, monkeypatch):
     fake = FakeHpuPlatform(platforms.current_platform)
     monkeypatch.setattr(platforms, "_current_platform", fake)
     monkeypatch.setattr(rf, "current_platform", fake)
-    for k in ("VLLM_PADPLUGIN_FORCE_MODE", "VLLM_MOE_SKIP_PADDING", "VLLM_PADPLUGIN_REPORT_DIR"):
+    for k in ("PADPLUGIN_FORCE_MODE", "VLLM_MOE_SKIP_PADDING", "PADPLUGIN_REPORT_DIR"):
         monkeypatch.delenv(k, raising=False)
     upstream = rf.create_fused_moe_router
     patch.install(rf)

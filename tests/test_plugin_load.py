@@ -41,7 +41,7 @@ PRELUDE = textwrap.dedent("""
 
 def _env(**env_over: str | None) -> dict:
     env = dict(os.environ)
-    for k in ("VLLM_PLUGINS", "VLLM_PADPLUGIN_STRICT", "VLLM_PADPLUGIN_FORCE_MODE", "VLLM_PADPLUGIN_REPORT_DIR"):
+    for k in ("VLLM_PLUGINS", "PADPLUGIN_STRICT", "PADPLUGIN_FORCE_MODE", "PADPLUGIN_REPORT_DIR"):
         env.pop(k, None)
     for k, v in env_over.items():
         if v is None:
@@ -62,7 +62,7 @@ CASES = {
         import {LAYER}
         import os
         dump({{"pid": os.getpid(), "platform_hook_called_by_vllm": platform_hook_called_by_vllm}})
-    """, {"VLLM_PADPLUGIN_REPORT_DIR": "<tmp>", "VLLM_TARGET_DEVICE": "cpu"}),
+    """, {"PADPLUGIN_REPORT_DIR": "<tmp>", "VLLM_TARGET_DEVICE": "cpu"}),
     "platform_only": (f"""
         from vllm.platforms import current_platform
         current_platform.device_type
@@ -83,11 +83,11 @@ CASES = {
         load_general_plugins()
         import {LAYER}
         dump()
-    """, {"VLLM_PADPLUGIN_FORCE_MODE": "bogus"}),
+    """, {"PADPLUGIN_FORCE_MODE": "bogus"}),
     "strict": ("""
         from vllm.plugins import load_general_plugins
         load_general_plugins()
-    """, {"VLLM_PADPLUGIN_FORCE_MODE": "bogus", "VLLM_PADPLUGIN_STRICT": "1"}),
+    """, {"PADPLUGIN_FORCE_MODE": "bogus", "PADPLUGIN_STRICT": "1"}),
 }
 
 
@@ -158,14 +158,14 @@ def test_failing_load_warns_once_and_vllm_continues(runs):
     assert rc == 0, err[-3000:]
     warnings = [line for line in (out + err).splitlines() if "vllm_padplugin:" in line
                 and "failed" in line and not line.startswith("REPORT=")]
-    assert len(warnings) == 1 and "VLLM_PADPLUGIN_FORCE_MODE='bogus'" in warnings[0]
+    assert len(warnings) == 1 and "PADPLUGIN_FORCE_MODE='bogus'" in warnings[0]
     assert rep["errors"] and not rep["layer_is_ours"], "upstream factory left in place"
 
 
 def test_strict_mode_raises_at_load(runs):
     rc, _, err, _ = runs["strict"]
     assert rc != 0
-    assert "RuntimeError: vllm_padplugin:" in err and "VLLM_PADPLUGIN_STRICT=1" in err
+    assert "RuntimeError: vllm_padplugin:" in err and "PADPLUGIN_STRICT=1" in err
 
 
 @pytest.mark.parametrize("device,expect", [("hpu", "hpu-noop"), ("cpu", "passthrough"),
@@ -182,7 +182,7 @@ def test_cuda_mode_from_installed_vllm(vllm, monkeypatch):
     from 0.31 on, backport before.  Only the device type is given (no GPU here)."""
     from vllm_padplugin.platforms import decide_mode
 
-    monkeypatch.delenv("VLLM_PADPLUGIN_FORCE_MODE", raising=False)
+    monkeypatch.delenv("PADPLUGIN_FORCE_MODE", raising=False)
     expect = "native" if vllm_version_tuple() >= (0, 31) else "backport"
     assert decide_mode("cuda") == expect
 

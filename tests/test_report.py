@@ -22,7 +22,7 @@ LAYER_SITE = "vllm.model_executor.layers.fused_moe.layer.create_fused_moe_router
 
 def cli(*args: str, **env_over: str) -> subprocess.Popen:
     env = dict(os.environ)
-    for k in ("VLLM_PLUGINS", "VLLM_PADPLUGIN_STRICT", "VLLM_PADPLUGIN_FORCE_MODE", "VLLM_PADPLUGIN_REPORT_DIR"):
+    for k in ("VLLM_PLUGINS", "PADPLUGIN_STRICT", "PADPLUGIN_FORCE_MODE", "PADPLUGIN_REPORT_DIR"):
         env.pop(k, None)
     env.update(env_over)
     return subprocess.Popen([sys.executable, "-m", "vllm_padplugin.cli", "report", *args], env=env,

@@ -10,7 +10,7 @@ Adapted because this machine is CPU-only:
 - the factory module's ``current_platform`` is replaced by a proxy of the real CPU
   platform whose ``is_cpu()`` says False (otherwise vLLM >= 0.30 builds CPURouter for
   everything); routing itself runs vLLM's native torch path;
-- the mode is forced to backport / native with ``VLLM_PADPLUGIN_FORCE_MODE``
+- the mode is forced to backport / native with ``PADPLUGIN_FORCE_MODE``
   (the CUDA decision is tested in test_plugin_load / platforms unit tests);
 - the forward context is built with a default (DP=1) config: DP=2 would all-reduce.
 Under vLLM 0.30 "native" cannot happen upstream; forcing it there shows that a
@@ -55,9 +55,9 @@ def env(plugin_sandbox, monkeypatch):
     rf = importlib.import_module("vllm.model_executor.layers.fused_moe.router.router_factory")
     layer = importlib.import_module("vllm.model_executor.layers.fused_moe.layer")
     monkeypatch.setattr(rf, "current_platform", NotCpuPlatform(rf.current_platform))
-    for k in ("VLLM_MOE_SKIP_PADDING", "VLLM_PADPLUGIN_STRICT", "VLLM_PADPLUGIN_REPORT_DIR"):
+    for k in ("VLLM_MOE_SKIP_PADDING", "PADPLUGIN_STRICT", "PADPLUGIN_REPORT_DIR"):
         monkeypatch.delenv(k, raising=False)
-    monkeypatch.setenv("VLLM_PADPLUGIN_FORCE_MODE", "backport")
+    monkeypatch.setenv("PADPLUGIN_FORCE_MODE", "backport")
     upstream = rf.create_fused_moe_router
     patch.install(rf)
     return {"rf": rf, "layer": layer, "upstream": upstream, "state": plugin_sandbox, "mp": monkeypatch}
@@ -136,7 +136,7 @@ def test_longer_persistent_mask_is_sliced(env):
 
 
 def test_native_mode_is_not_masked_twice(env):
-    env["mp"].setenv("VLLM_PADPLUGIN_FORCE_MODE", "native")
+    env["mp"].setenv("PADPLUGIN_FORCE_MODE", "native")
     from vllm_padplugin.routing import MASKED_ATTR
 
     router = build(env["layer"].create_fused_moe_router, skip_padding=True)
@@ -186,7 +186,7 @@ def test_env_garbage_one_warning_default_on(env, caplog):
 
 
 def test_passthrough_leaves_router_untouched(env):
-    env["mp"].setenv("VLLM_PADPLUGIN_FORCE_MODE", "passthrough")
+    env["mp"].setenv("PADPLUGIN_FORCE_MODE", "passthrough")
     router = build(env["layer"].create_fused_moe_router, skip_padding=True)
     assert "_compute_routing" not in vars(router)
     if vllm_version_tuple() < (0, 31):
@@ -222,7 +222,7 @@ def test_bad_mask_one_warning_and_upstream_routes(env, caplog):
 def test_bad_mask_strict_raises(env):
     from vllm_padplugin.masking import PaddingMaskError
 
-    env["mp"].setenv("VLLM_PADPLUGIN_STRICT", "1")
+    env["mp"].setenv("PADPLUGIN_STRICT", "1")
     router = build(env["layer"].create_fused_moe_router)  # strict is read at build time
     with pytest.raises(PaddingMaskError, match="torch.bool"):
         route(router, torch.zeros(T, dtype=torch.int64))

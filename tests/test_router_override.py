@@ -28,9 +28,9 @@ def env(plugin_sandbox, monkeypatch):
     rf = importlib.import_module(RF)
     layer = importlib.import_module(LAYER)
     monkeypatch.setattr(rf, "current_platform", NotCpuPlatform(rf.current_platform))
-    for k in ("VLLM_MOE_SKIP_PADDING", "VLLM_PADPLUGIN_STRICT", "VLLM_PADPLUGIN_REPORT_DIR"):
+    for k in ("VLLM_MOE_SKIP_PADDING", "PADPLUGIN_STRICT", "PADPLUGIN_REPORT_DIR"):
         monkeypatch.delenv(k, raising=False)
-    monkeypatch.setenv("VLLM_PADPLUGIN_FORCE_MODE", "backport")
+    monkeypatch.setenv("PADPLUGIN_FORCE_MODE", "backport")
     return {"rf": rf, "layer": layer, "upstream": rf.create_fused_moe_router, "state": plugin_sandbox,
             "mp": monkeypatch}
 
@@ -185,5 +185,5 @@ def test_hook_exception_keeps_upstream_and_warns_once(env, caplog):
     assert "vLLM continues with upstream behaviour" in msgs[0]
     assert env["layer"].create_fused_moe_router is env["upstream"]
     with pytest.raises(RuntimeError, match="STRICT"):
-        env["mp"].setenv("VLLM_PADPLUGIN_STRICT", "1")
+        env["mp"].setenv("PADPLUGIN_STRICT", "1")
         apply_all(Env("x", "cpu", "backport", True), plugin._fail)

@@ -30,8 +30,8 @@ P = inspect.Parameter
 def quiet_state(monkeypatch):
     """Own plugin state; mode forced so no vLLM platform is consulted."""
     monkeypatch.setattr(state, "STATE", state.PluginState())
-    monkeypatch.setenv("VLLM_PADPLUGIN_FORCE_MODE", "passthrough")
-    monkeypatch.delenv("VLLM_PADPLUGIN_REPORT_DIR", raising=False)
+    monkeypatch.setenv("PADPLUGIN_FORCE_MODE", "passthrough")
+    monkeypatch.delenv("PADPLUGIN_REPORT_DIR", raising=False)
 
 
 def upstream_like(sig: inspect.Signature, calls: list, module: str = FACTORY_MODULE):

@@ -3,7 +3,7 @@
 Why a demo and not just a report: the plugin's value is that it is active *where
 the model runs*.  With V1 multiprocessing (vLLM's default) the model is built in
 an engine-core/worker process, not in the process that called ``LLM(...)``.  So
-the plugin writes a report file per process (``VLLM_PADPLUGIN_REPORT_DIR``) and
+the plugin writes a report file per process (``PADPLUGIN_REPORT_DIR``) and
 this demo prints those next to the front process's own report.
 
     python -m vllm_padplugin.demo            # 1 worker, multiprocessing on
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPORT_DIR_ENV = "VLLM_PADPLUGIN_REPORT_DIR"
+REPORT_DIR_ENV = "PADPLUGIN_REPORT_DIR"
 
 
 def _front_report() -> dict[str, Any]:

@@ -13,7 +13,7 @@ The upstream-capability check reads the installed sources with ``ast`` when the
 fused_moe package is not imported yet (importing it costs seconds and must not
 happen at plugin load), and inspects the live objects when it is.
 
-``VLLM_PADPLUGIN_FORCE_MODE`` (one of MODES) overrides the decision: a knob for
+``PADPLUGIN_FORCE_MODE`` (one of MODES) overrides the decision: a knob for
 tests on CPU machines, not for production.
 """
 from __future__ import annotations
@@ -30,12 +30,12 @@ from vllm_padplugin.compat_utils import has_argument, innermost, signature_from_
 logger = logging.getLogger("vllm_padplugin")
 
 MODES = ("native", "backport", "hpu-noop", "passthrough")
-FORCE_ENV = "VLLM_PADPLUGIN_FORCE_MODE"
+FORCE_ENV = "PADPLUGIN_FORCE_MODE"
 SKIP = "skip_padding"
 
 
 def forced_mode() -> str | None:
-    """The mode forced by ``VLLM_PADPLUGIN_FORCE_MODE`` (tests only), or None."""
+    """The mode forced by ``PADPLUGIN_FORCE_MODE`` (tests only), or None."""
     raw = os.environ.get(FORCE_ENV, "").strip()
     if not raw:
         return None

@@ -11,7 +11,7 @@ vLLM calls platform-plugin hooks, then general-plugin hooks, once per process; w
 
 Every hook is idempotent (one installation per process) and never takes vLLM
 down: any exception becomes ONE warning naming the cause and vLLM keeps upstream
-behaviour; with ``VLLM_PADPLUGIN_STRICT=1`` it raises.
+behaviour; with ``PADPLUGIN_STRICT=1`` it raises.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def _fail(where: str, exc: BaseException) -> None:
     with state.LOCK:
         state.STATE.errors.append(msg)
     if state.strict():
-        err = RuntimeError(f"vllm_padplugin: {msg} [VLLM_PADPLUGIN_STRICT=1]")
+        err = RuntimeError(f"vllm_padplugin: {msg} [PADPLUGIN_STRICT=1]")
         setattr(err, STRICT_MARK, True)
         raise err from exc
     logger.warning("vllm_padplugin: %s; vLLM continues with upstream behaviour", msg)

@@ -2,7 +2,7 @@
 
 ``build_report()`` never imports heavy vLLM modules itself: it reads the plugin
 state and what is already imported (``vllm``, the platform when resolved).
-With ``VLLM_PADPLUGIN_REPORT_DIR`` set, the plugin writes ``<dir>/report-<pid>.json``
+With ``PADPLUGIN_REPORT_DIR`` set, the plugin writes ``<dir>/report-<pid>.json``
 at load and after every router-factory call (model build time, never per forward),
 so tests and users can see the plugin ran in engine-core and worker processes.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from vllm_padplugin import __version__, state
 
-REPORT_DIR_ENV = "VLLM_PADPLUGIN_REPORT_DIR"
+REPORT_DIR_ENV = "PADPLUGIN_REPORT_DIR"
 ENTRY_GROUPS = ("vllm.platform_plugins", "vllm.general_plugins")
 
 
@@ -104,7 +104,7 @@ def build_report() -> dict:
 
 
 def write_report_file() -> Path | None:
-    """Write ``<VLLM_PADPLUGIN_REPORT_DIR>/report-<pid>.json`` (atomic rename) if the env is set."""
+    """Write ``<PADPLUGIN_REPORT_DIR>/report-<pid>.json`` (atomic rename) if the env is set."""
     d = os.environ.get(REPORT_DIR_ENV)
     if not d:
         return None

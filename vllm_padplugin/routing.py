@@ -13,7 +13,7 @@ effects, so ``torch.compile`` can trace it like upstream's own masked_fill.
 
 Bad mask at call time (``PaddingMaskError``: wrong dtype/device, shorter than the
 batch): one warning per process and the UNMASKED routes are returned; with
-``VLLM_PADPLUGIN_STRICT=1`` it raises.  Why not raise by default: an unmaskable
+``PADPLUGIN_STRICT=1`` it raises.  Why not raise by default: an unmaskable
 batch routed like upstream (padding reaches experts, as on a vLLM without the
 plugin) is a performance loss; an exception kills the serving engine.
 """

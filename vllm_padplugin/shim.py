@@ -39,7 +39,7 @@ _KINDS = {
 
 
 class DriftError(RuntimeError):
-    """Strict mode (VLLM_PADPLUGIN_STRICT=1): breaking drift found at load."""
+    """Strict mode (PADPLUGIN_STRICT=1): breaking drift found at load."""
 
     def __init__(self, findings: list[Finding]):
         self.findings = findings

@@ -38,8 +38,8 @@ LOCK = threading.RLock()
 
 
 def strict() -> bool:
-    """VLLM_PADPLUGIN_STRICT=1: plugin problems raise instead of warning."""
-    return os.environ.get("VLLM_PADPLUGIN_STRICT", "0").strip().lower() in ("1", "true", "yes", "on")
+    """PADPLUGIN_STRICT=1: plugin problems raise instead of warning."""
+    return os.environ.get("PADPLUGIN_STRICT", "0").strip().lower() in ("1", "true", "yes", "on")
 
 
 def reset_for_tests() -> None:

@@ -60,7 +60,7 @@ _RECIPE = 3
 
 
 def default_cache_root() -> Path:
-    base = os.environ.get("VLLM_PADPLUGIN_CACHE") or Path.home() / ".cache" / "vllm_padplugin"
+    base = os.environ.get("PADPLUGIN_CACHE") or Path.home() / ".cache" / "vllm_padplugin"
     return Path(base) / "models"
 
 

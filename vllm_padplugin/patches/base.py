@@ -17,7 +17,7 @@ class Env:
     vllm_version: str   # vllm.__version__ ("0.30.0", "0.35.0.dev12+g1234", ...)
     device_type: str    # current_platform.device_type: "cuda", "cpu", "hpu", ...
     mode: str           # "native" | "backport" | "hpu-noop" | "passthrough"
-    strict: bool        # VLLM_PADPLUGIN_STRICT=1: drift raises instead of warning
+    strict: bool        # PADPLUGIN_STRICT=1: drift raises instead of warning
 
 
 @dataclass(frozen=True)
