@@ -91,9 +91,7 @@ def plugin_sandbox(vllm, monkeypatch):
         if name.startswith("vllm") and isinstance(mod, binding_sites._GuardedModule):
             mod.__class__ = types.ModuleType
     binding_sites.set_assign_hook(None)
-    from vllm_padplugin import routing
-
-    routing._warned.clear()
+    state.WARNED.clear()
     snap = _snapshot_vllm_modules()
     saved = state.STATE
     state.STATE = state.PluginState()

@@ -82,7 +82,6 @@ def load(
         table.add_row(phase[:-2], f"{1000 * off[phase]:.1f}", f"{1000 * on[phase]:.1f}",
                       f"{1000 * (on[phase] - off[phase]):+.1f}")
     console.print(table)
-    verdict = "[green]within[/green]" if doc["overhead_pct"] <= 2 else "[red]over[/red]"
     def verdict(pct: float) -> str:
         return "[green]within[/green]" if pct <= 2 else "[red]over[/red]"
 

@@ -24,6 +24,7 @@ import os
 from typing import Any
 
 from vllm_padplugin import state, surface
+from vllm_padplugin.state import warn_once
 from vllm_padplugin.masking import PaddingMaskError, mask_padded_routes
 
 logger = logging.getLogger("vllm_padplugin")
@@ -31,14 +32,9 @@ logger = logging.getLogger("vllm_padplugin")
 ENV = surface.get("skip_padding_env").qualname  # VLLM_MOE_SKIP_PADDING
 _OFF = {"0", "false", "no", "off"}
 _ON = {"1", "true", "yes", "on"}
-_warned: set[str] = set()
 MASKED_ATTR = "_padplugin_masks_padding"
 
 
-def warn_once(key: str, msg: str, *args: Any) -> None:
-    if key not in _warned:
-        _warned.add(key)
-        logger.warning(msg, *args)
 
 
 def skip_padding_env_enabled() -> bool:

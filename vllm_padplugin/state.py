@@ -5,6 +5,7 @@ same facts the hooks and the factory wrapper recorded in this process.
 """
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from dataclasses import dataclass, field
@@ -35,6 +36,14 @@ class PluginState:
 
 STATE = PluginState()
 LOCK = threading.RLock()
+WARNED: set[str] = set()   # keys of the one-time warnings already given in this process
+
+
+def warn_once(key: str, msg: str, *args) -> None:
+    """Log ``msg`` once per process per ``key`` (a cause must never flood a serving log)."""
+    if key not in WARNED:
+        WARNED.add(key)
+        logging.getLogger("vllm_padplugin").warning(msg, *args)
 
 
 def strict() -> bool:
@@ -44,5 +53,4 @@ def strict() -> bool:
 
 def reset_for_tests() -> None:
     """Forget everything (tests that re-run the loader in one process)."""
-    global STATE
     STATE.__init__()  # type: ignore[misc]

@@ -31,3 +31,39 @@ class Patch:
     needed: Callable[[Env], bool]
     # Applies the patch; returns the "module.attr" sites it changed (for the report).
     apply: Callable[[Env], list[str]]
+
+
+def cuda_backport_only(env: Env) -> bool:
+    """The runner backports matter only where we mask: CUDA on a vLLM without upstream's fix."""
+    return env.mode == "backport" and env.device_type == "cuda"
+
+
+def apply_on_import(module_name: str, patch_module: Callable[[object], list[str]],
+                    applied: list[str], what: str) -> Callable[[Env], list[str]]:
+    """An ``apply`` that patches ``module_name`` when vLLM imports it (at once if it already is).
+
+    Runner modules import CUDA-only pieces, so patches never import them themselves.
+    ``applied`` collects the sites patched in this process (read by the report).
+    A failure gives one warning (strict mode raises): vLLM keeps upstream behaviour.
+    """
+
+    def apply(env: Env) -> list[str]:
+        import sys
+
+        import wrapt
+
+        from vllm_padplugin.state import warn_once
+
+        def hook(module) -> None:
+            try:
+                applied.extend(patch_module(module))
+            except Exception as exc:
+                if env.strict:
+                    raise
+                warn_once(f"{module_name}:drift", "vllm_padplugin: %s backport not applied: %s", what, exc)
+
+        already = module_name in sys.modules
+        wrapt.register_post_import_hook(hook, module_name)  # runs now if already imported
+        return list(applied) if already else [f"{module_name} (on import)"]
+
+    return apply

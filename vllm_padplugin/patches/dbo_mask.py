@@ -30,7 +30,8 @@ import inspect
 import logging
 
 from vllm_padplugin import surface
-from vllm_padplugin.patches.base import Env, Patch
+from vllm_padplugin.state import warn_once
+from vllm_padplugin.patches.base import Patch, apply_on_import, cuda_backport_only
 from vllm_padplugin.compat_utils import has_argument
 from vllm_padplugin.patches.legacy_runner_mask import _is_ours, _wrap
 
@@ -40,13 +41,8 @@ BUILDER = surface.get("dbo_mask_propagation_legacy")     # UBatchWrapper._make_u
 V2_BUILDER = surface.get("dbo_mask_propagation_v2")
 CLASS_NAME, METHOD = BUILDER.qualname.split(".")
 
-_warned: set[str] = set()
 
 
-def _warn_once(cause: str, msg: str, *args) -> None:
-    if cause not in _warned:
-        _warned.add(cause)
-        logger.warning("vllm_padplugin: " + msg, *args)
 
 
 def builder_propagates(cls) -> bool:
@@ -78,7 +74,7 @@ def _make_ubatch_metadata(wrapped, instance, args, kwargs):
             slices = args[0] if args else kwargs["ubatch_slices"]
             propagate(metadata, slices, get_forward_context().is_padding)
     except Exception as e:  # never take the forward down over the mask
-        _warn_once("propagate", "DBO micro-batches not masked: %s", e)
+        warn_once("dbo:propagate", "vllm_padplugin: DBO micro-batches not masked: %s", e)
     return metadata
 
 
@@ -94,32 +90,6 @@ def patch_ubatch_wrapper(module, cls=None) -> list[str]:
 APPLIED: list[str] = []
 
 
-def _on_import(env: Env):
-    def hook(module):
-        try:
-            APPLIED.extend(patch_ubatch_wrapper(module))
-        except Exception as e:
-            if env.strict:
-                raise
-            _warn_once("drift", "DBO padding-mask backport not applied: %s", e)
-
-    return hook
-
-
-def _needed(env: Env) -> bool:
-    return env.mode == "backport" and env.device_type == "cuda"
-
-
-def _apply(env: Env) -> list[str]:
-    import sys
-
-    import wrapt
-
-    already = BUILDER.module in sys.modules
-    wrapt.register_post_import_hook(_on_import(env), BUILDER.module)
-    return list(APPLIED) if already else [f"{BUILDER.module} (on import)"]
-
-
 PATCH = Patch(
     name="dbo_mask",
     surface_keys=("dbo_mask_propagation_legacy", "create_forward_context", "forward_context_is_padding"),
@@ -129,6 +99,6 @@ PATCH = Patch(
     "returned micro-batch context that has none. Only when the builder lacks is_padding; lazily.",
     related_pr="vLLM PR #56079 (0.31)",
     future_plan="Remove when the lowest supported vLLM is >= 0.31.",
-    needed=_needed,
-    apply=_apply,
+    needed=cuda_backport_only,
+    apply=apply_on_import(BUILDER.module, patch_ubatch_wrapper, APPLIED, "DBO padding-mask"),
 )

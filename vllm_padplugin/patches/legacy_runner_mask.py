@@ -37,8 +37,9 @@ import operator
 from dataclasses import dataclass
 
 from vllm_padplugin import surface
+from vllm_padplugin.state import warn_once
 from vllm_padplugin.compat_utils import accepts_kwarg
-from vllm_padplugin.patches.base import Env, Patch
+from vllm_padplugin.patches.base import Patch, apply_on_import, cuda_backport_only
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +49,6 @@ NATIVE_METHOD = "_prepare_padding_mask"     # present from 0.31: upstream fills 
 WRAPPED_METHODS = ("execute_model", "_dummy_run")
 MASK_ATTR = "_padplugin_is_padding"         # the runner's persistent PaddingMask
 
-_warned: set[str] = set()
 
 
 @dataclass(frozen=True)
@@ -62,10 +62,6 @@ _STEP: contextvars.ContextVar[_Step | None] = contextvars.ContextVar(
 )
 
 
-def _warn_once(cause: str, msg: str, *args) -> None:
-    if cause not in _warned:
-        _warned.add(cause)
-        logger.warning("vllm_padplugin: " + msg, *args)
 
 
 def runner_fills_mask(cls) -> bool:
@@ -82,7 +78,7 @@ def runner_mask(runner):
         from vllm_padplugin.padding_mask import PaddingMask
 
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-            _warn_once("capture", "first forward ran under CUDA graph capture; "
+            warn_once("legacy:capture", "vllm_padplugin: first forward ran under CUDA graph capture; "
                        "the padding mask is not allocated there, this forward is not masked")
             return None
         mask = PaddingMask(int(runner.max_num_tokens), runner.device)
@@ -94,7 +90,7 @@ def _in_step(wrapped, runner, args, kwargs, num_unpadded):
     try:
         mask = runner_mask(runner)
     except Exception as e:  # a plugin problem never takes the runner down
-        _warn_once("alloc", "cannot allocate the padding mask (%s); forwards are not masked", e)
+        warn_once("legacy:alloc", "vllm_padplugin: cannot allocate the padding mask (%s); forwards are not masked", e)
         mask = None
     if mask is None:
         return wrapped(*args, **kwargs)
@@ -110,7 +106,7 @@ def _execute_model(wrapped, instance, args, kwargs):
     try:
         n = operator.index(getattr(scheduler_output, "total_num_scheduled_tokens"))
     except (AttributeError, TypeError):
-        _warn_once("sched", "execute_model() got no total_num_scheduled_tokens; not masked")
+        warn_once("legacy:sched", "vllm_padplugin: execute_model() got no total_num_scheduled_tokens; not masked")
         return wrapped(*args, **kwargs)
     return _in_step(wrapped, instance, args, kwargs, n)
 
@@ -140,7 +136,7 @@ def _make_set_forward_context_wrapper(original):
 
         padded = padded_length(num_tokens, [s.token_slice for s in slices or ()])
         if padded is None or not step.mask.fits(padded):
-            _warn_once("fit", "forward of %s tokens does not fit the padding mask (%s rows); "
+            warn_once("legacy:fit", "vllm_padplugin: forward of %s tokens does not fit the padding mask (%s rows); "
                        "not masked", padded, step.mask.capacity)
             return wrapped(*args, **kwargs)
         unpadded = padded if step.num_unpadded is None else step.num_unpadded
@@ -189,32 +185,6 @@ def patch_legacy_runner(module, cls=None) -> list[str]:
 APPLIED: list[str] = []   # sites patched so far in this process (for the report)
 
 
-def _on_import(env: Env):
-    def hook(module):
-        try:
-            APPLIED.extend(patch_legacy_runner(module))
-        except Exception as e:
-            if env.strict:
-                raise
-            _warn_once("drift", "legacy runner padding-mask backport not applied: %s", e)
-
-    return hook
-
-
-def _needed(env: Env) -> bool:
-    return env.mode == "backport" and env.device_type == "cuda"
-
-
-def _apply(env: Env) -> list[str]:
-    import sys
-
-    import wrapt
-
-    already = RUNNER.module in sys.modules
-    wrapt.register_post_import_hook(_on_import(env), RUNNER.module)   # runs now if imported
-    return list(APPLIED) if already else [f"{RUNNER.module} (on import)"]
-
-
 PATCH = Patch(
     name="legacy_runner_mask",
     surface_keys=("legacy_runner", "set_forward_context", "forward_context_is_padding"),
@@ -225,6 +195,6 @@ PATCH = Patch(
     "is_padding). Only when the runner lacks _prepare_padding_mask; lazily on import.",
     related_pr="vLLM PR #56079 (0.31)",
     future_plan="Remove when the lowest supported vLLM is >= 0.31.",
-    needed=_needed,
-    apply=_apply,
+    needed=cuda_backport_only,
+    apply=apply_on_import(RUNNER.module, patch_legacy_runner, APPLIED, "legacy runner padding-mask"),
 )
