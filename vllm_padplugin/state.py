@@ -49,8 +49,3 @@ def warn_once(key: str, msg: str, *args) -> None:
 def strict() -> bool:
     """PADPLUGIN_STRICT=1: plugin problems raise instead of warning."""
     return os.environ.get("PADPLUGIN_STRICT", "0").strip().lower() in ("1", "true", "yes", "on")
-
-
-def reset_for_tests() -> None:
-    """Forget everything (tests that re-run the loader in one process)."""
-    STATE.__init__()  # type: ignore[misc]

@@ -69,7 +69,8 @@ def install(module: types.ModuleType) -> list[str]:
     return sorted(set(done))
 
 
-KNOWN_SITE_MODULES = (surface.get("fused_moe_layer").module,)
+# The registry's known binding sites (layer.py; step5 mega_moe since 0.33): one list, in surface.py.
+KNOWN_SITE_MODULES = surface.get("router_factory_binding_sites").sites
 
 
 safe_hook = binding_sites.safe_hook  # re-export
