@@ -13,24 +13,15 @@ import importlib
 
 import pytest
 
-from test_router_masking import assert_unmasked, build, mask, route
+from test_router_masking import NotCpuPlatform, assert_unmasked, build, mask, route
 
 pytestmark = pytest.mark.vllm
 
 
-class FakeHpuPlatform:
+class FakeHpuPlatform(NotCpuPlatform):
     """FAKE vllm-gaudi platform: device_type "hpu", not CPU; the rest is the real platform."""
 
     device_type = "hpu"
-
-    def __init__(self, real):
-        self._real = real
-
-    def is_cpu(self):
-        return False
-
-    def __getattr__(self, name):
-        return getattr(self._real, name)
 
 
 @pytest.fixture
