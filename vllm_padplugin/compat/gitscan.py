@@ -116,6 +116,27 @@ def ident(f: Finding) -> tuple:
     return (f.kind, f.symbol, str(f.extra.get("item", "")))
 
 
+def final_run_start(seq: list[str], holds, linear: bool, floor: int) -> int:
+    """Index in ``seq`` where the final run of commits on which ``holds`` is true begins.
+
+    ``holds(seq[-1])`` is true.  Linear: walk back commit by commit (exact, never below
+    ``floor``).  Otherwise bisect, assuming ``holds`` is false at ``seq[0]`` and flips once.
+    """
+    if linear:
+        i = len(seq) - 1
+        while i > floor and holds(seq[i - 1]):
+            i -= 1
+        return i
+    lo, hi = 0, len(seq) - 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if holds(seq[mid]):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
 def scan(repo: str | Path, good: str, bad: str, surface=SURFACE, check=None,
          linear_max: int = LINEAR_MAX) -> GitScan:
     """Run ``check(view, baseline)`` (default: our registry) over good..bad."""
@@ -150,25 +171,15 @@ def scan(repo: str | Path, good: str, bad: str, surface=SURFACE, check=None,
 
         at_good, at_bad = at(g), at(b)
         seq = [g] + commits
+        linear = len(commits) <= linear_max   # exact scan; bisect beyond
         out = []
         for fid, f in at_bad.items():
-            if fid in at_good and all(fid in at(c) for c in (commits if len(commits) <= linear_max else [])):
+            if fid in at_good and all(fid in at(c) for c in (commits if linear else [])):
                 f.first_bad_commit = g
                 f.extra["before_good"] = True
-            elif len(commits) <= linear_max:
-                i = len(seq) - 1
-                while i > 0 and fid in at(seq[i - 1]):
-                    i -= 1
-                f.first_bad_commit = seq[i]
             else:
-                lo, hi = 0, len(seq) - 1     # absent at lo (unless at good), present at hi
-                while hi - lo > 1:
-                    mid = (lo + hi) // 2
-                    if fid in at(seq[mid]):
-                        hi = mid
-                    else:
-                        lo = mid
-                f.first_bad_commit = seq[hi]
+                f.first_bad_commit = seq[final_run_start(
+                    seq, lambda c, fid=fid: fid in at(c), linear, floor=0)]
             if f.first_bad_commit in subjects:
                 f.extra["commit_subject"] = subjects[f.first_bad_commit]
             out.append(f)
@@ -176,20 +187,8 @@ def scan(repo: str | Path, good: str, bad: str, surface=SURFACE, check=None,
         for fid, f in at_good.items():
             if fid in at_bad:
                 continue
-            if len(commits) <= linear_max:
-                i = len(seq) - 1          # start of the final run without it
-                while i > 1 and fid not in at(seq[i - 1]):
-                    i -= 1
-            else:
-                lo, hi = 0, len(seq) - 1  # present at lo (good), absent at hi (bad)
-                while hi - lo > 1:
-                    mid = (lo + hi) // 2
-                    if fid in at(seq[mid]):
-                        lo = mid
-                    else:
-                        hi = mid
-                i = hi
-            f.extra["resolved_in"] = seq[i]
+            f.extra["resolved_in"] = seq[final_run_start(
+                seq, lambda c, fid=fid: fid not in at(c), linear, floor=1)]
             resolved.append(f)
         version = read_version(Tree(GitReader(repo, b, cat, prefix)))
         return GitScan(g, b, commits, out, resolved, subjects, sorted(set(errors)), len(cache), version)
