@@ -39,20 +39,26 @@ def vllm_modules() -> list[tuple[str, types.ModuleType]]:
     ]
 
 
-def find_sites(targets: tuple[Any, ...], names: tuple[str, ...] = ()) -> list[tuple[types.ModuleType, str, Any]]:
-    """(module, attr, value) for every vllm module attribute that IS one of ``targets``,
-    or is named in ``names`` and callable (a foreign factory assigned before us)."""
-    ids = {id(t) for t in targets}
-    out = []
+def vllm_globals():
+    """(module, attr, value) for every global of every loaded vllm module (dict-less ones skipped)."""
     for _, mod in vllm_modules():
         try:
             items = list(vars(mod).items())
         except TypeError:
             continue
         for attr, value in items:
-            if id(value) in ids or (attr in names and callable(value) and not isinstance(value, type)):
-                out.append((mod, attr, value))
-    return out
+            yield mod, attr, value
+
+
+def find_sites(targets: tuple[Any, ...], names: tuple[str, ...] = ()) -> list[tuple[types.ModuleType, str, Any]]:
+    """(module, attr, value) for every vllm module attribute that IS one of ``targets``,
+    or is named in ``names`` and callable (a foreign factory assigned before us)."""
+    ids = {id(t) for t in targets}
+    return [
+        (mod, attr, value)
+        for mod, attr, value in vllm_globals()
+        if id(value) in ids or (attr in names and callable(value) and not isinstance(value, type))
+    ]
 
 
 def site_name(mod: types.ModuleType, attr: str) -> str:
@@ -137,14 +143,7 @@ def guard_holders(is_ours: Callable[[Any], bool]) -> list[str]:
 
 def holders(is_ours: Callable[[Any], bool]) -> list[tuple[types.ModuleType, str]]:
     """(module, attr) of every vllm module attribute holding one of our wrappers (read only)."""
-    out = []
-    for _, mod in vllm_modules():
-        try:
-            items = list(vars(mod).items())
-        except TypeError:
-            continue
-        out.extend((mod, attr) for attr, value in items if is_ours(value))
-    return out
+    return [(mod, attr) for mod, attr, value in vllm_globals() if is_ours(value)]
 
 
 def safe_hook(fn: Callable[[types.ModuleType], Any]) -> Callable[[types.ModuleType], None]:

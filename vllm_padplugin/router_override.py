@@ -124,7 +124,7 @@ def wrap_factory(inner: Callable, upstream: Callable | None = None) -> Callable:
             kw.pop(SKIP, None)
         for name in [k for k in kw if not _accepts(inner, inner_sig, k)]:
             if name != SKIP:
-                routing.warn_once(f"drop-{name}", "vllm_padplugin: the installed router factory "
+                state.warn_once(f"drop-{name}", "vllm_padplugin: the installed router factory "
                                   "%s does not accept %r; dropping it", _name(inner), name)
             del kw[name]
         depth = getattr(_nesting, "depth", 0)
@@ -189,5 +189,5 @@ def _after_build(router: Any, requested: bool | None, inner_masks: bool) -> None
     except Exception as exc:  # never fail a model build for our bookkeeping
         if state.strict():
             raise
-        routing.warn_once("after-build", "vllm_padplugin: post-processing a router failed (%s: %s); "
+        state.warn_once("after-build", "vllm_padplugin: post-processing a router failed (%s: %s); "
                           "the router is upstream's, unmasked", type(exc).__name__, exc)
