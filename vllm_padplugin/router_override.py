@@ -179,6 +179,8 @@ def _after_build(router: Any, requested: bool | None, inner_masks: bool) -> None
             ) and routing.install_mask(router):
                 with state.LOCK:
                     st.masked_routers += 1
+        elif mode == "native" and inner_masks and routing.is_grouped_router(router):
+            routing.adopt_native(router)  # patch native_fast_mask: one launch, not two
         if first:  # every binding site of this model is imported by now: guard + record them
             from vllm_padplugin.binding_sites import guard_holders
 

@@ -20,6 +20,7 @@ ALL: list[str] = [
     "router_factory",       # H1: factory override + binding sites + masking routers
     "legacy_runner_mask",   # H3: legacy GPU runner fills is_padding (vLLM 0.28-0.30)
     "dbo_mask",             # H3: legacy DBO micro-batch contexts carry the sliced mask
+    "native_fast_mask",     # issue 10: 0.31+ upstream's two masked_fill -> our one launch
 ]
 
 
