@@ -100,6 +100,9 @@ WHEELS = {
     "xgrammar": "0.2.9",
     "apache-tvm-ffi": "0.1.15.post2",
     "llguidance": "1.7.6",
+    "httpx2": "2.16.2",      # openai 3.x imports it
+    "httpcore2": "2.16.2",
+    "truststore": None,
 }
 PLATFORMS = ["manylinux_2_35_x86_64", "manylinux_2_34_x86_64", "manylinux_2_31_x86_64", "manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64", "manylinux1_x86_64"]
@@ -209,6 +212,32 @@ def vllm_pythonpath(ver: str, root: Path, site: Path, meta: Path) -> str:
     return os.pathsep.join([str(root), str(site), str(meta), str(REPO)])
 
 
+def missing_requirements(wheels: list[Path]) -> list[str]:
+    """Requirements of the packed wheels (markers evaluated for CPython 3.12 on Linux) that
+    neither the device nor the pack provides: each would fail an import there."""
+    import zipfile
+
+    from packaging.requirements import Requirement
+
+    env = {"python_version": "3.12", "python_full_version": "3.12.3", "sys_platform": "linux",
+           "platform_system": "Linux", "implementation_name": "cpython",
+           "platform_python_implementation": "CPython", "platform_machine": "x86_64", "extra": ""}
+    have = DEVICE_HAS | {norm(n) for n in WHEELS}
+    out = []
+    for w in wheels:
+        with zipfile.ZipFile(w) as zf:
+            meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+            for line in zf.read(meta).decode().splitlines():
+                if not line.startswith("Requires-Dist:"):
+                    continue
+                req = Requirement(line.split(":", 1)[1].strip())
+                if req.marker is not None and not req.marker.evaluate(env):
+                    continue
+                if norm(req.name) not in have:
+                    out.append(f"{w.name} needs {req}")
+    return out
+
+
 def size_report() -> int:
     total = sum(p.stat().st_size for p in OUT.rglob("*") if p.is_file())
     return total
@@ -312,6 +341,10 @@ def main() -> int:
         print(f"  {p.relative_to(REPO)}: {p.stat().st_size / 2**20:.1f} MiB")
     wheels = download_wheels(args.python)
     print(f"wheels: {len(wheels)} ({sum(w.stat().st_size for w in wheels) / 2**20:.1f} MiB)")
+    missing = missing_requirements(wheels)
+    if missing:
+        print("MISSING on the device (add to WHEELS):\n  " + "\n  ".join(missing), file=sys.stderr)
+        return 1
     (OUT / "entry_points.txt").write_text(entry_points_txt())
     sh = OUT / "install.sh"
     sh.write_text(INSTALL_SH.replace("{versions}", " ".join(VERSIONS)))
