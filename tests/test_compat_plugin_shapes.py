@@ -32,6 +32,7 @@ SHAPES = {
     "imports": ({("module-removed", "vllm.gone_mod", ""), ("symbol-moved", "vllm.old.helper", "")}, set()),
     "imports_guarded": (set(), {("module-removed", "vllm.gone_mod"), ("symbol-moved", "vllm.old.helper")}),
     "new_attribute": (set(), set()),
+    "type_checking": ({("module-removed", "vllm.other_gone", "")}, set()),
     "call_removed_kwarg": ({("param-removed", "vllm.api.call_me", "c")}, set()),
 }
 

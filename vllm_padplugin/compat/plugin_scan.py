@@ -76,8 +76,10 @@ class _FileScan(ast.NodeVisitor):
         self.inst: dict[str, str] = {}       # local name -> dotted vllm class it holds an instance of
         self.funcs: dict[str, ast.AST] = {}  # plugin functions ("f") and methods ("Cls.f")
         self.cls_stack: list[tuple[ast.ClassDef, list[str]]] = []   # class, its vllm bases
+        self.own: dict[str, tuple[str, set[str]]] = {}   # plugin class without __init__ -> (vllm base, own fields)
         self.guard = 0                       # depth of try-blocks with an ImportError fallback
         self.depth = 0                       # function nesting depth
+        self.typing = 0                      # inside ``if TYPE_CHECKING:``
 
     def w(self, node) -> str:
         return f"{self.rel}:{getattr(node, 'lineno', 0)}"
@@ -101,8 +103,22 @@ class _FileScan(ast.NodeVisitor):
 
     def use(self, *a, **kw) -> Use:
         u = Use(*a, guarded=self.guard > 0, local=self.depth > 0, **kw)
-        self.uses.append(u)
+        if not self.typing:          # ``if TYPE_CHECKING:`` never runs: aliases only, no uses
+            self.uses.append(u)
         return u
+
+    def visit_If(self, node):
+        t = node.test
+        if (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
+                isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING"):
+            self.typing += 1
+            for st in node.body:
+                self.visit(st)
+            self.typing -= 1
+            for st in node.orelse:
+                self.visit(st)
+            return
+        self.generic_visit(node)
 
     # imports
     def visit_Import(self, node):
@@ -157,6 +173,9 @@ class _FileScan(ast.NodeVisitor):
         abstract = abstract or any(ast.unparse(b) in ("ABC", "abc.ABC") for b in node.bases)
         for b in vbases:
             self.use("subclass", b, self.w(node), node.name, methods=methods, abstract=abstract)
+        if vbases and "__init__" not in methods:   # built with the vLLM base's constructor (dataclasses)
+            self.own[node.name] = (vbases[0], {st.target.id for st in node.body if isinstance(st, ast.AnnAssign)
+                                               and isinstance(st.target, ast.Name)})
         self.cls_stack.append((node, vbases))
         self.generic_visit(node)
         self.cls_stack.pop()
@@ -212,6 +231,10 @@ class _FileScan(ast.NodeVisitor):
             self._assign(ast.Attribute(value=node.args[0], attr=node.args[1].value), node.args[2], node)
         elif self._env_call(node):
             pass
+        elif isinstance(fn, ast.Name) and fn.id in self.own and fn.id not in self.alias:
+            base, fields = self.own[fn.id]
+            self.use("call", base, self.w(node), fn.id, kwargs={k.arg for k in node.keywords if k.arg} - fields,
+                     npos=len(node.args), star=True if any(k.arg is None for k in node.keywords) else False)
         else:
             d = self.dotted(fn)
             if d:
@@ -382,6 +405,34 @@ def _readonly_by_name(view, attr: str, receiver: str, props: dict[str, list[str]
     return None
 
 
+def _dataclass_params(view, module: str, qualname: str) -> list[Param] | None:
+    """Keyword parameters of a dataclass-style class (``@dataclass``, vLLM's ``@config``,
+    pydantic dataclasses) that defines no ``__init__``: its annotated fields, bases included.
+    Only used to check keywords the plugin passes (a removed field is a TypeError)."""
+    tree = getattr(view, "tree", None)
+    r = tree.resolve(module, qualname) if tree is not None else None
+    if r is None or not isinstance(r.node, ast.ClassDef):
+        return None
+    fields: list[str] = []
+
+    def walk(cls: ast.ClassDef, mod, depth=0) -> bool:
+        decos = " ".join(ast.unparse(d) for d in cls.decorator_list)
+        if any(isinstance(st, ast.FunctionDef) and st.name == "__init__" for st in cls.body):
+            return False
+        ok = "dataclass" in decos or re.search(r"\bconfig\b", decos) is not None
+        for st in cls.body:
+            if isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name) \
+                    and "ClassVar" not in ast.unparse(st.annotation):
+                fields.append(st.target.id)
+        for base in (tree.class_bases(cls, mod) if depth < 6 else []):
+            if base is not None and not walk(base[1], base[0], depth + 1):
+                return False
+        return ok
+    if not walk(r.node, r.module):
+        return None
+    return [Param(f, kind="KEYWORD_ONLY", has_default=True) for f in dict.fromkeys(fields)]
+
+
 # -- the check -------------------------------------------------------------------------
 
 def check_plugin(view, uses: list[Use], plugin: str = "the plugin") -> list[Finding]:
@@ -404,7 +455,8 @@ def check_plugin(view, uses: list[Use], plugin: str = "the plugin") -> list[Find
 
     def add(fs, u: Use, severity: str | None = None, why: str = ""):
         for f in fs:
-            i = (f.kind, f.symbol, str(f.extra.get("item", "")))
+            # one root cause = one finding; a plugin class missing an abstract method is its own cause
+            i = (f.kind, f.symbol, str(f.extra.get("item", "")), u.name if u.what == "subclass" else "")
             if i in seen:          # same root cause from another plugin line: one finding, all sites
                 sites = seen[i].extra.setdefault("plugin_sites", [seen[i].extra["plugin_site"]])
                 if u.where not in sites:
@@ -464,12 +516,18 @@ def check_plugin(view, uses: list[Use], plugin: str = "the plugin") -> list[Find
                                             or upstream_site(view, mod, qual))
             add(fs, u, severity="info" if u.abstract else None,
                 why="instantiating a class with an unimplemented abstract method raises TypeError")
-        elif u.what == "call" and info.params is not None and not u.star and u.target not in own_init:
+        elif u.what == "call" and not u.star and u.target not in own_init:
+            params = info.params
+            fields = params is None and info.kind == "class" and u.kwargs
+            if fields:
+                params = _dataclass_params(view, mod, qual)
+            if params is None:
+                continue
             site = upstream_site(view, mod, qual)
-            fs = checks.check_params(f"{mod}.{qual}", info.params, sorted(u.kwargs))
-            consumed = {p.name for p in info.params[: u.npos]}
-            if not any(p.kind == VAR_KEYWORD for p in info.params):
-                fs += checks.check_required(f"{mod}.{qual}", info.params, u.kwargs | consumed)
+            fs = checks.check_params(f"{mod}.{qual}", params, sorted(u.kwargs))
+            consumed = {p.name for p in params[: u.npos]}
+            if not fields and not any(p.kind == VAR_KEYWORD for p in params):
+                fs += checks.check_required(f"{mod}.{qual}", params, u.kwargs | consumed)
             for f in fs:
                 f.extra["upstream_site"] = site
             add(fs, u, why="the call raises TypeError")
@@ -576,7 +634,12 @@ def _check_assignment(view, u: Use, mod: str, qual: str, add, replaced, rebinds,
             return
         # the plugin adds a name that upstream does not define (its own hook), or patches a name
         # that has moved: the patch is dead, nothing raises
-        if u.what == "replace" and u.params is not None:
+        if u.what == "replace" and u.params is not None and owner_q and u.is_method:
+            add([checks._f(checks.SYMBOL_REMOVED, f"{mod}.{qual}",
+                           f"{plugin} installs {u.name} as {qual}, which upstream does not define: a new hook "
+                           "of the plugin is fine; an override of a renamed or removed method no longer runs",
+                           "info", f"Check that {owner_q} still calls {attr} (or the plugin's own code does).")], u)
+        elif u.what == "replace" and u.params is not None:
             cands = [c for c in view.find_definitions(attr) if c != mod] if not owner_q else []
             if cands:
                 add([checks._f(checks.SYMBOL_MOVED, f"{mod}.{qual}",
