@@ -375,6 +375,36 @@ def _prefetch(view, words: set[str]) -> dict[str, list[str]]:
     cache.update(hits)
     # later greps (where did a missing name go? who imports it?) search these bytes, not the disk
     reader._scan = lambda word: [rel for rel, data in blobs.items() if word.encode() in data]
+    tree = view.tree
+    orig_defs, orig_importers = tree.find_definitions, tree.importers
+
+    def narrowed(pattern: bytes, word: str):
+        """grep hits of ``word`` whose text also matches ``pattern`` (parse only those)."""
+        rx = re.compile(pattern, re.M)
+        keep = [rel for rel in reader.grep(word) if rx.search(blobs.get(rel, b""))]
+        return keep
+
+    def find_definitions(name: str) -> list[str]:
+        n = re.escape(name).encode()
+        hits = narrowed(rb"^\s*(?:async\s+def|def|class)\s+" + n + rb"\b", name)
+        saved = reader._grep.get(name)
+        reader._grep[name] = hits
+        try:
+            return orig_defs(name)
+        finally:
+            reader._grep[name] = saved if saved is not None else reader._scan(name)
+
+    def importers(module: str, name: str) -> list[str]:
+        n = re.escape(name).encode()
+        hits = narrowed(rb"import\s+(?:\([^)]*\b" + n + rb"\b|[^\n]*\b" + n + rb"\b)", name)
+        saved = reader._grep.get(name)
+        reader._grep[name] = hits
+        try:
+            return orig_importers(module, name)
+        finally:
+            reader._grep[name] = saved if saved is not None else reader._scan(name)
+
+    tree.find_definitions, tree.importers = find_definitions, importers
     return props
 
 
@@ -703,7 +733,13 @@ def _override(view, home: str, name: str, u: Use, patched: set[tuple[str, str]])
     callee = cls if name == "__init__" else name
     out, seen = [], set()
     tree = getattr(view, "tree", None)
-    sites = [mod] + view.binding_sites(mod, cls)
+    if tree is None:
+        return []
+    # candidate callers by text first (the class is named AND the call is spelled there): a class
+    # such as ParallelConfig is imported by hundreds of modules, parsing them all costs seconds
+    call_text = f"{cls}(" if name == "__init__" else f".{name}("
+    files = sorted(set(tree.reader.grep(cls)) & set(tree.reader.grep(call_text)))
+    sites = list(dict.fromkeys([mod] + [r[:-3].replace("/", ".").removesuffix(".__init__") for r in files]))
     for site in sites:
         m = tree.module(site) if tree is not None else None
         if m is None:
