@@ -1,11 +1,13 @@
 """Speed of ``vllm-padplugin compat`` (targets from issue 3): prints a table, writes JSON.
 
   static check of one vLLM tree        <= 2 s   (CLI subprocess, wall, incl. Python start-up)
+  --plugin-src on a plugin tree        <= 2 s   (CLI subprocess vs 0.31.0 sources; issue 13)
   --git over the 7-release repository  <= 30 s  (CLI subprocess; one commit per release 0.28-0.34)
   compat on the installed vLLM         <= 3 s   (CLI subprocess; vLLM located, not imported)
   runtime shim check_loaded_vllm()     (in-process, after importing the vLLM modules it checks)
 
-Usage: python benchmarks/bench_compat.py [--json FILE] [--repeat N]
+Usage: python benchmarks/bench_compat.py [--json FILE] [--repeat N] [--plugin-src DIR ...]
+(--plugin-src: real plugin trees fetched outside the repo; default: the gaudi_like fixture.)
 Run with the Python of a vLLM venv for the last two rows (skipped without vLLM).
 """
 from __future__ import annotations
@@ -42,12 +44,17 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=str(REPO / "benchmarks" / "results" / "bench_compat.json"))
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--plugin-src", action="append", default=None,
+                    help="plugin tree(s) for the --plugin-src row (default: tests' gaudi_like fixture)")
     a = ap.parse_args()
     cli = [sys.executable, "-m", "vllm_padplugin.cli", "compat"]
     rows = []
     rel = releases_dir()
     rows.append(("static check, one tree (0.32.0 sources)", 2.0,
                  *wall(cli + ["--vllm-src", str(rel / "0.32.0")], a.repeat)))
+    for plugin in a.plugin_src or [str(REPO / "tests" / "fixtures" / "compat" / "plugins" / "gaudi_like")]:
+        rows.append((f"--plugin-src {Path(plugin).name} vs 0.31.0 sources", 2.0,
+                     *wall(cli + ["--plugin-src", plugin, "--vllm-src", str(rel / "0.31.0")], a.repeat)))
     with tempfile.TemporaryDirectory() as tmp:
         t = time.perf_counter()
         build(Path(tmp) / "vllm", RELEASES, rel)

@@ -77,7 +77,8 @@ def run_compat(vllm_src=None, git=None, good=None, bad=None, plugin_src=None, fm
             code = 2 if tree.errors else (0 if all(f.severity != "breaking" for f in findings) else 1)
         if plugin_src is not None:
             meta["plugin"] = str(plugin_src)
-        return render.RENDER[fmt](findings, meta, resolved), code
+        table = render.PLUGIN_RENDER if plugin_src is not None else render.RENDER
+        return table[fmt](findings, meta, resolved), code
     except SourceError as e:
         return f"error: {e}", 2
 

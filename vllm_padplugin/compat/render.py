@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 from ..surface import Finding
 
@@ -79,4 +80,129 @@ def as_markdown(findings: list[Finding], meta: dict, resolved: list[Finding] = (
     return "\n".join(lines)
 
 
+# -- another plugin's tree (--plugin-src): one line per root cause, a ready fix-PR body ----------
+
+def root_causes(findings: list[Finding]) -> list[dict]:
+    """Findings grouped by root cause (severity, kind, symbol), breaking first."""
+    groups: dict[tuple, dict] = {}
+    for f in findings:
+        k = (f.severity, f.kind, f.symbol)
+        g = groups.get(k)
+        if g is None:
+            g = groups[k] = {"severity": f.severity, "kind": f.kind, "symbol": f.symbol, "detail": f.detail,
+                             "fix": f.fix, "why": f.extra.get("why", ""), "items": [], "plugin_sites": [],
+                             "upstream_sites": [], "first_bad_commit": f.first_bad_commit,
+                             "commit_subject": f.extra.get("commit_subject"), "findings": 0}
+        g["findings"] += 1
+        for i in f.extra.get("names", []) or ([f.extra["item"]] if f.extra.get("item") else []):
+            if i not in g["items"]:
+                g["items"].append(i)
+        for s in [f.extra.get("plugin_site")] + list(f.extra.get("plugin_sites", [])):
+            if s and s not in g["plugin_sites"]:
+                g["plugin_sites"].append(s)
+        s = f.extra.get("upstream_site")
+        if s and s not in g["upstream_sites"]:
+            g["upstream_sites"].append(s)
+    return sorted(groups.values(), key=lambda g: (g["severity"] != "breaking", g["kind"], g["symbol"]))
+
+
+def _symptom(g: dict) -> str:
+    m = re.search(r"\b([A-Z]\w*(?:Error|Exception))\b", g["why"] + " " + g["detail"])
+    return m.group(1) if m else ("silent: the patch does not reach it" if g["kind"] == "new-binding-site"
+                                 else "behaviour change")
+
+
+def _short(symbol: str) -> str:
+    parts = symbol.split(".")
+    return ".".join(parts[-2:]) if parts[-1].startswith("__") or len(parts) == 1 else parts[-1]
+
+
+def _title(g: dict) -> str:
+    shown = [i for i in g["items"] if not g["symbol"].endswith(f".{i}")]
+    items = f" ({', '.join(shown)})" if shown else ""
+    return f"{g['kind']}: {g['symbol']}{items}"
+
+
+def plugin_text(findings: list[Finding], meta: dict, resolved: list[Finding] = ()) -> str:
+    gs = root_causes(findings)
+    nb = sum(g["severity"] == "breaking" for g in gs)
+    lines = [f"vllm-padplugin compat: plugin {meta.get('plugin', '')} against vLLM "
+             f"{meta.get('vllm_version') or '?'} ({meta.get('source', '')})",
+             f"{'BREAKING DRIFT' if nb else 'COMPATIBLE'}: {nb} breaking, {len(gs) - nb} info "
+             f"(root causes; {len(findings)} findings)"]
+    for g in gs:
+        if g["severity"] != "breaking":
+            lines.append(f"[info] {_title(g)}: {g['detail']}")
+            continue
+        lines.append(f"[breaking] {_title(g)}")
+        lines.append(f"    why: {g['why'] or g['detail']}")
+        if g["why"] and g["why"] != g["detail"]:
+            lines.append(f"    detail: {g['detail']}")
+        lines.append(f"    plugin: {', '.join(g['plugin_sites']) or '?'}")
+        lines.append(f"    upstream: {', '.join(g['upstream_sites']) or '(gone)'}")
+        if g["first_bad_commit"]:
+            lines.append(f"    first bad commit: {g['first_bad_commit']}"
+                         + (f" ({g['commit_subject']})" if g["commit_subject"] else ""))
+        lines.append(f"    fix: {g['fix']}")
+    for f in resolved:
+        lines.append(f"[resolved] {f.kind}: {f.symbol} (gone in {f.extra.get('resolved_in', '?')})")
+    for e in meta.get("errors", []):
+        lines.append(f"error: {e}")
+    return "\n".join(lines)
+
+
+def plugin_markdown(findings: list[Finding], meta: dict, resolved: list[Finding] = ()) -> str:
+    """A fix-PR body in vllm-gaudi's FIX_FOR_VLLM style: a table, then one section per bug."""
+    gs = root_causes(findings)
+    bugs = [g for g in gs if g["severity"] == "breaking"]
+    infos = [g for g in gs if g["severity"] != "breaking"]
+    target = meta.get("bad") or meta.get("vllm_version") or "?"
+    plugin = meta.get("plugin", "the plugin")
+    lines = [f"## [FIX_FOR_VLLM_CUSTOM={target}] Fix {len(bugs)} vLLM API-drift break"
+             f"{'s' if len(bugs) != 1 else ''} in `{plugin}`", "",
+             f"This PR fixes {len(bugs)} break{'s' if len(bugs) != 1 else ''} of `{plugin}` against vLLM "
+             f"`{meta.get('vllm_version') or target}`"
+             + (f" (range `{meta['good']}..{meta['bad']}`)" if meta.get("good") else "")
+             + ", found statically by `vllm-padplugin compat --plugin-src`.", ""]
+    if bugs:
+        lines += ["| # | Break | Symptom | Plugin site | Upstream |", "|---|---|---|---|---|"]
+        for i, g in enumerate(bugs, 1):
+            shown = [x for x in g["items"] if not g["symbol"].endswith(f".{x}")]
+            lines.append(f"| {i} | {g['kind']}: `{_short(g['symbol'])}`"
+                         + (f" ({', '.join(shown)})" if shown else "")
+                         + f" | {_symptom(g)} | `{g['plugin_sites'][0] if g['plugin_sites'] else '?'}` | "
+                         f"`{g['upstream_sites'][0] if g['upstream_sites'] else '(gone)'}` |")
+        lines.append("")
+    for i, g in enumerate(bugs, 1):
+        lines += [f"## Bug {i}: {_title(g)}", "", "### Root cause", g["detail"], ""]
+        if g["why"] and g["why"] != g["detail"]:
+            lines += [f"Why it breaks: {g['why']}.", ""]
+        lines += ["### Culprit"]
+        cul = f"Upstream `{', '.join(g['upstream_sites'])}`" if g["upstream_sites"] else "Upstream: removed"
+        if g["first_bad_commit"]:
+            cul += f"; first bad commit `{g['first_bad_commit']}`" + (
+                f" ({g['commit_subject']})" if g["commit_subject"] else "")
+        lines += [cul + ".", "", "### Fix", g["fix"] or "n/a", "",
+                  f"Plugin site: {', '.join(f'`{s}`' for s in g['plugin_sites'])}", ""]
+    if infos:
+        lines += ["<details><summary>Not breaking ({} info)</summary>".format(len(infos)), ""]
+        lines += [f"- {_title(g)}: {g['detail']}" for g in infos]
+        lines += ["", "</details>", ""]
+    if resolved:
+        lines += ["### Resolved in range", ""]
+        lines += [f"- {f.kind}: `{f.symbol}` (gone in `{f.extra.get('resolved_in', '?')}`)" for f in resolved]
+        lines.append("")
+    if meta.get("errors"):
+        lines += ["### Input errors", ""] + [f"- {e}" for e in meta["errors"]] + [""]
+    return "\n".join(lines)
+
+
+def plugin_json(findings: list[Finding], meta: dict, resolved: list[Finding] = ()) -> str:
+    doc = json.loads(as_json(findings, meta, resolved))
+    doc["root_causes"] = [{k: v for k, v in g.items()} for g in root_causes(findings)]
+    doc["breaking_root_causes"] = sum(g["severity"] == "breaking" for g in doc["root_causes"])
+    return json.dumps(doc, indent=2, sort_keys=False)
+
+
 RENDER = {"text": as_text, "json": as_json, "md": as_markdown}
+PLUGIN_RENDER = {"text": plugin_text, "json": plugin_json, "md": plugin_markdown}
