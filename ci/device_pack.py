@@ -170,12 +170,12 @@ for VER in {versions}; do
   if [ ! -f $ROOT/.ok ]; then
     rm -rf $ROOT && mkdir -p $ROOT && tar -xJf "$D"/vllm-$VER.tar.xz -C $ROOT
     # platforms/cuda.py imports the compiled op library unconditionally; it is absent
-    # (no vllm._C*): an empty module registers no op, so any op call fails loudly.
-    echo '# EMPTY: written by ci/device_pack.py; the compiled vLLM op library is absent.' > $ROOT/vllm/_C_stable_libtorch.py
+    # (no vllm._C*): C_placeholder.py registers no kernel, answers CUTLASS capability queries False.
     mkdir -p $ROOT/vllm-$VER.dist-info
     printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s\n' $VER > $ROOT/vllm-$VER.dist-info/METADATA
     touch $ROOT/.ok
   fi
+  cp "$D"/C_placeholder.py $ROOT/vllm/_C_stable_libtorch.py
   echo "export PADPLUGIN_VLLM_${VER//./_}=$ROOT" >> $ENVF
 done
 # our plugin's dist-info (entry points vLLM's load_general_plugins reads); code from $REPO
@@ -191,6 +191,24 @@ use_vllm() { local v=PADPLUGIN_VLLM_${1//./_}; export PYTHONPATH=${!v}:$PADPLUGI
 EOS
 echo "device install ok: $(ls $SITE | wc -l) entries in $SITE; vLLM {versions}"
 """
+
+
+C_PLACEHOLDER = '''"""Written by ci/device_pack.py: vLLM's compiled op library (vllm/_C*.so) is absent here.
+
+It registers NO kernels (a call to any vLLM custom kernel fails loudly: no such op).  It only
+answers the CUTLASS capability queries vLLM asks at IMPORT time (e.g. w8a8_utils'
+CUTLASS_BLOCK_FP8_SUPPORTED) with False: true for this build, which has no CUTLASS kernels.
+None of them is on the router path.
+"""
+import torch
+
+_lib = torch.library.Library("_C", "FRAGMENT")
+for _name in ("cutlass_scaled_mm_supports_fp4", "cutlass_scaled_mm_supports_fp8",
+              "cutlass_scaled_mm_supports_block_fp8", "cutlass_group_gemm_supported",
+              "mxfp4_experts_quant_supported"):
+    _lib.define(f"{_name}(int cuda_device_capability) -> bool")
+    _lib.impl(_name, lambda cap: False, "CompositeExplicitAutograd")
+'''
 
 
 def entry_points_txt() -> str:
@@ -346,6 +364,7 @@ def main() -> int:
         print("MISSING on the device (add to WHEELS):\n  " + "\n  ".join(missing), file=sys.stderr)
         return 1
     (OUT / "entry_points.txt").write_text(entry_points_txt())
+    (OUT / "C_placeholder.py").write_text(C_PLACEHOLDER)
     sh = OUT / "install.sh"
     sh.write_text(INSTALL_SH.replace("{versions}", " ".join(VERSIONS)))
     sh.chmod(0o755)
