@@ -176,6 +176,9 @@ for VER in {versions}; do
     touch $ROOT/.ok
   fi
   cp "$D"/C_placeholder.py $ROOT/vllm/_C_stable_libtorch.py
+  # vllm_flash_attn raises at import without a compiled FA extension (attention is not on the
+  # router path): an EMPTY module stands in; every FA op call fails loudly (no such op).
+  echo '# EMPTY placeholder (ci/device_pack.py): compiled flash-attn absent; no op registered.' > $ROOT/vllm/vllm_flash_attn/_vllm_fa2_C.py
   echo "export PADPLUGIN_VLLM_${VER//./_}=$ROOT" >> $ENVF
 done
 # our plugin's dist-info (entry points vLLM's load_general_plugins reads); code from $REPO
