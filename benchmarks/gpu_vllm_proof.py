@@ -225,6 +225,38 @@ def timing_worker(version: str) -> dict:
             "fused": {k: getattr(v, routing.FUSED_ATTR, False) for k, v in variants.items()}}
 
 
+def extra_launches(base: list[str], ours: list[str]) -> list[str]:
+    """Device ops in ``ours`` beyond ``base`` (multiset difference, names kept)."""
+    from collections import Counter
+
+    return list((Counter(ours) - Counter(base)).elements())
+
+
+def launch_claim(base: list[str], ours: list[str]) -> str | None:
+    """None when the plugin's masking adds exactly one launch, our ``_mask_rows_kernel``
+    (no copy, no masked_fill).  Note: vLLM's own grouped_topk compiles to an inductor kernel
+    whose NAME contains 'masked_fill' (its group mask): that one is in both lists."""
+    extra = extra_launches(base, ours)
+    if len(ours) != len(base) + 1 or len(extra) != 1 or "_mask_rows_kernel" not in extra[0]:
+        return f"plugin masking adds {extra} ({len(ours) - len(base)} launches), claimed [_mask_rows_kernel]"
+    return None
+
+
+def recheck(path: Path) -> int:
+    """Re-evaluate the launch claim on a committed proof JSON (no GPU needed)."""
+    rep = json.loads(path.read_text())
+    rc = 0
+    for ver, vrep in rep["versions"].items():
+        la = (vrep.get("evidence") or {}).get("launches", {})
+        why = launch_claim(la["unmasked"]["names"], la["plugin"]["names"])
+        up = extra_launches(la["unmasked"]["names"], la["upstream_masked"]["names"]) if "upstream_masked" in la else None
+        print(f"vLLM {ver}: plugin adds {extra_launches(la['unmasked']['names'], la['plugin']['names'])}"
+              + ("" if up is None else f"; upstream's masking adds {len(up)}: {[u[:60] for u in up]}")
+              + f" -> {'OK' if why is None else 'FAIL ' + why}")
+        rc |= why is not None
+    return rc
+
+
 def timing_claims(res: dict) -> list[dict]:
     out = []
     for row in res["rows"]:
@@ -258,7 +290,10 @@ def main() -> int:
     ap.add_argument("--worker", choices=["timing"])
     ap.add_argument("--version")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--recheck", type=Path, help="re-evaluate the launch claim on a proof JSON")
     args = ap.parse_args()
+    if args.recheck:
+        return recheck(args.recheck)
     if args.worker == "timing":
         res = timing_worker(args.version)
         args.out.write_text(json.dumps(res, indent=1))

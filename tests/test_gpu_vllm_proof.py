@@ -147,12 +147,12 @@ def test_launch_counts_no_double_masking(proof):
         up_router = P.build_router(upstream, skip_padding=True)
         rec["upstream_masked"] = _kernels(lambda: P.route(up_router, h, logits, pad))
     EVIDENCE["launches"] = {k: {"count": len(v), "names": v} for k, v in rec.items()}
-    extra = [n for n in ours if n not in base] if len(ours) > len(base) else []
-    assert len(ours) == len(base) + 1, f"plugin masking adds {len(ours) - len(base)} launches, claimed 1"
-    assert len(extra) == 1 and "_mask_rows_kernel" in extra[0], extra
-    assert not any("masked_fill" in n for n in ours), "a masked_fill kernel ran: double masking"
     if _native():
-        EVIDENCE["launches"]["upstream_masking_adds"] = len(rec["upstream_masked"]) - len(base)
+        EVIDENCE["launches"]["upstream_masking_adds"] = P.extra_launches(base, rec["upstream_masked"])
+    # exactly one extra launch, ours; no masked_fill / copy beyond the unmasked router's own
+    # (vLLM's compiled grouped_topk has a kernel NAMED ...masked_fill... in both lists)
+    why = P.launch_claim(base, ours)
+    assert why is None, why
 
 
 def test_cuda_graph_replays_with_different_padding(proof):
