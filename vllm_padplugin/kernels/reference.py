@@ -20,6 +20,11 @@ import torch
 from vllm_padplugin.masking import mask_padded_routes
 
 
+def _top_indices(x: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the k largest per row; equal values: lowest index first."""
+    return x.sort(dim=-1, descending=True, stable=True).indices[:, :k]
+
+
 def grouped_topk_reference(
     gating_output: torch.Tensor,
     e_score_correction_bias: torch.Tensor | None,
@@ -53,13 +58,13 @@ def grouped_topk_reference(
         choice = scores
         group_rank = choice.view(num_tokens, num_expert_group, per_group).amax(dim=-1)
 
-    best_groups = group_rank.topk(topk_group, dim=-1).indices
+    best_groups = _top_indices(group_rank, topk_group)
     group_ok = torch.zeros_like(group_rank, dtype=torch.bool).scatter_(1, best_groups, True)
     expert_ok = group_ok.unsqueeze(-1).expand(num_tokens, num_expert_group, per_group).reshape(
         num_tokens, num_experts
     )
     eligible = choice.masked_fill(~expert_ok, float("-inf"))
-    topk_ids = eligible.topk(topk, dim=-1).indices
+    topk_ids = _top_indices(eligible, topk)
     topk_weights = scores.gather(1, topk_ids)  # unbiased scores weight the chosen experts
     if renormalize:
         topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
@@ -70,3 +75,19 @@ def grouped_topk_reference(
     if is_padding is not None:
         topk_weights, topk_ids = mask_padded_routes(topk_weights, topk_ids, is_padding, check=False)
     return topk_weights, topk_ids
+
+
+def decision_margin(choice, ri, num_expert_group: int, topk_group: int, topk: int) -> torch.Tensor:
+    """Per row: the smaller of the reference's two decision margins (torch fp32 values):
+    4th vs 5th group rank and k-th vs (k+1)-th eligible choice.  A row whose margin is
+    below rounding may go either way in another (correctly rounded) implementation."""
+    T, E = choice.shape
+    G = num_expert_group
+    rank = choice.view(T, G, E // G).topk(2, dim=-1).values.sum(-1) if E // G >= 2 else choice.view(T, G, 1)[..., 0]
+    r = rank.sort(1, descending=True).values
+    gm = (r[:, topk_group - 1] - r[:, topk_group]) if topk_group < G else torch.full((T,), float("inf"), device=choice.device)
+    grp = ri.long().clamp(min=0) // (E // G)
+    keep = torch.zeros(T, G, dtype=torch.bool, device=choice.device).scatter_(1, grp, True)
+    el = choice.masked_fill(~keep.repeat_interleave(E // G, dim=1), float("-inf")).sort(1, descending=True).values
+    em = el[:, topk - 1] - el[:, topk]
+    return torch.minimum(gm, em.nan_to_num(float("inf")))
