@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import bisect
+import gc
 import os
 import re
 from dataclasses import dataclass, field
@@ -422,6 +423,7 @@ def _prefetch(view, words: set[str]) -> dict[str, list[str]]:
     cache.update(hits)
     # later greps (where did a missing name go? who imports it?) search these bytes, not the disk
     reader._scan = lambda word: [rel for rel, data in blobs.items() if word.encode() in data]
+    reader._blobs = blobs
     tree = view.tree
     orig_defs, orig_importers = tree.find_definitions, tree.importers
 
@@ -517,7 +519,20 @@ def _dataclass_params(view, module: str, qualname: str) -> list[Param] | None:
 # -- the check -------------------------------------------------------------------------
 
 def check_plugin(view, uses: list[Use], plugin: str = "the plugin") -> list[Finding]:
-    """Drift findings for one plugin against one vLLM view, one per root cause."""
+    """Drift findings for one plugin against one vLLM view, one per root cause.
+
+    The cyclic GC is paused meanwhile: parsing the vLLM modules builds millions of AST nodes
+    that are kept (cached) anyway, and collections over them were ~25 % of a run."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        return _check_plugin(view, uses, plugin)
+    finally:
+        if was:
+            gc.enable()
+
+
+def _check_plugin(view, uses: list[Use], plugin: str) -> list[Finding]:
     out: list[Finding] = []
     seen: dict[tuple, Finding] = {}
     replaced: dict[tuple[str, str], list[Use]] = {}
@@ -526,9 +541,10 @@ def check_plugin(view, uses: list[Use], plugin: str = "the plugin") -> list[Find
     for u in uses:
         if u.what == "replace" and u.params is not None and not _takes_kwargs(u):
             parts = u.target.split(".")
-            words.add(parts[-1])
             if u.is_method and len(parts) > 1:
-                words.add(parts[-2])
+                words.add(parts[-2])       # callers of a method are found through its class
+            else:                          # (a method name such as ``wait`` is in every file)
+                words.add(parts[-1])
     props = _prefetch(view, words)
     own_init = {u.target[: -len(".__init__")] for u in uses if u.what == "replace" and u.target.endswith(".__init__")}
     removed = {u.module for u in uses if u.what == "import" and u.module and u.module != u.target
@@ -706,7 +722,10 @@ def _check_assignment(view, u: Use, mod: str, qual: str, add, replaced, rebinds,
         return
     info = view.lookup(mod, qual)
     if info is None:
-        lazy = [f for f in checks.check_presence(view, mod, qual, use="wrap")[0] if f.kind == checks.LAZY_SHIM]
+        # only a lazy module can shim the name (asking check_presence otherwise greps the whole tree
+        # for where a plugin-own attribute such as ``self.manager`` "went")
+        lazy = [f for f in checks.check_presence(view, mod, qual, use="wrap")[0]
+                if f.kind == checks.LAZY_SHIM] if view.lazy_module(mod) else []
         if lazy:
             for f in lazy:
                 f.extra["upstream_site"] = _module_site(view, mod)
@@ -789,7 +808,11 @@ def _override(view, home: str, name: str, u: Use, patched: set[tuple[str, str]])
     # candidate callers by text first (the class is named AND the call is spelled there): a class
     # such as ParallelConfig is imported by hundreds of modules, parsing them all costs seconds
     call_text = f"{cls}(" if name == "__init__" else f".{name}("
-    files = sorted(set(tree.reader.grep(cls)) & set(tree.reader.grep(call_text)))
+    blobs = getattr(tree.reader, "_blobs", None)
+    if blobs is not None:      # the files naming the class, read once by _prefetch: no tree-wide grep
+        files = sorted(r for r in tree.reader.grep(cls) if call_text.encode() in blobs.get(r, b""))
+    else:
+        files = sorted(set(tree.reader.grep(cls)) & set(tree.reader.grep(call_text)))
     sites = list(dict.fromkeys([mod] + [r[:-3].replace("/", ".").removesuffix(".__init__") for r in files]))
     for site in sites:
         m = tree.module(site) if tree is not None else None
