@@ -29,6 +29,9 @@ SHAPES = {
     "readonly_assign": ({("readonly-property", "vllm.executor.Executor.is_sleeping", "")}, set()),
     "abstract_missing": ({("abstract-method-missing", "vllm.base.Base.flush", "flush")},
                          {("abstract-method-missing", "vllm.base.Base.run")}),
+    # vllm-gaudi's MultiModelEngineClient(EngineClient) before #1806 (release_kv_cache_memory)
+    "abstract_async": ({("abstract-method-missing", "vllm.client.Client.release_memory", "release_memory")},
+                       set()),
     "imports": ({("module-removed", "vllm.gone_mod", ""), ("symbol-moved", "vllm.old.helper", "")}, set()),
     "imports_guarded": (set(), {("module-removed", "vllm.gone_mod"), ("symbol-moved", "vllm.old.helper")}),
     "new_attribute": (set(), set()),
@@ -109,3 +112,28 @@ def test_markdown_lists_info_apart():
     md, code = _run("imports_guarded", "md")
     assert code == 0 and "Fix 0 vLLM API-drift breaks" in md and "## Bug" not in md
     assert "<details><summary>Not breaking (2 info)</summary>" in md
+
+
+def test_abstract_coroutine_names_only_the_unfixed_adapter():
+    """The adapter lacking the new abstract coroutine is reported at its class line; its subclass
+    that adds the coroutine, and the abstract property implemented as a property, are not."""
+    doc, _ = _run("abstract_async")
+    (f,) = doc["findings"]
+    assert f["detail"].startswith("Adapter derives from Client") and "FixedAdapter" not in f["detail"]
+    assert f["plugin_site"] == "shape.py:8" and f["upstream_site"] == "vllm/client.py:17"
+
+
+def test_definition_prefilter_skips_methods():
+    """find_definitions' text prefilter: a name defined only as a method (``__init__`` in
+    thousands of vLLM files) is not module level; module-level and conditional defs are."""
+    import re
+
+    from vllm_padplugin.compat.plugin_scan import _module_level_def
+
+    rx = re.compile(rb"(?:async\s+def|def|class)\s+f\b")
+    assert not _module_level_def(b"class A(\n    B,\n):\n    def f(self):\n        pass\n", rx)
+    assert not _module_level_def(b"def outer():\n    # c\n    async def f():\n        pass\n", rx)
+    assert not _module_level_def(b"x = 'def f'  # class f\n", rx)
+    assert _module_level_def(b"import os\n\n\ndef f():\n    pass\n", rx)
+    assert _module_level_def(b"try:\n    import a\nexcept ImportError:\n    def f():\n        pass\n", rx)
+    assert _module_level_def(b"class A:\n    def f(self): ...\n\n\nif X:\n    class f:\n        pass\n", rx)

@@ -6,6 +6,7 @@ exit code is 2 (the answer for that file is unknown, so "compatible" would be a 
 """
 from __future__ import annotations
 
+import os
 import sys
 from enum import Enum
 from pathlib import Path
@@ -127,4 +128,17 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
         except Exception as e:  # never a traceback for the user; the message names the cause
             out, code = f"error: internal error in compat ({type(e).__name__}: {e})", 2
         (sys.stderr if code == 2 and out.startswith("error:") else sys.stdout).write(out + "\n")
+        if _is_cli_process():
+            # the parsed vLLM modules (millions of AST nodes) would be freed one by one at
+            # interpreter teardown: ~0.6 s of a 1.5 s run. Nothing is left to clean up here.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
         raise typer.Exit(code)
+
+
+def _is_cli_process() -> bool:
+    """This process is the ``vllm-padplugin`` command itself (console script or ``python -m
+    vllm_padplugin.cli``), not a caller embedding the CLI (tests, CliRunner)."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return getattr(spec, "name", "") == "vllm_padplugin.cli" or os.path.basename(sys.argv[0]) == "vllm-padplugin"

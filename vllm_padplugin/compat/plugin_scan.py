@@ -15,6 +15,8 @@ carries the evidence a maintainer needs (``plugin_site``, ``upstream_site``, ``w
 from __future__ import annotations
 
 import ast
+import bisect
+import gc
 import os
 import re
 from dataclasses import dataclass, field
@@ -344,6 +346,52 @@ def _module_site(view, module: str) -> str:
 
 
 _PROP = re.compile(rb"@property\s*\n\s*(?:async\s+)?def\s+(\w+)")
+_NESTING = (b"class ", b"class\t", b"def ", b"def\t", b"async ")
+
+
+def _module_level_def(data: bytes, rx: re.Pattern) -> bool:
+    """Text prefilter for find_definitions: does ``rx`` match (at a line start) a definition
+    that is not nested in a class or function (module level, or inside a module-level
+    if/try/with)?  Method names (``__init__``, ``forward``) are defined in thousands of vLLM
+    files; parsing each of them to learn that none defines it at module level took ~30 s.
+    Unsure cases (odd layout) count as module level: the parse that follows decides."""
+    col0: list[int] | None = None
+    for m in rx.finditer(data):
+        pos = data.rfind(b"\n", 0, m.start()) + 1
+        if data[pos:m.start()].strip(b" \t"):
+            continue                       # not at the start of a line
+        ind = m.start() - pos
+        if ind and col0 is None:
+            col0 = [c.start() for c in _COL0.finditer(data)]
+        while ind:
+            # the last line above with a smaller indent (the enclosing block opener) lies at or
+            # after the last column-0 line above: search only from there
+            i = bisect.bisect_left(col0, pos) - 1
+            low = None
+            for low in _low_indent(ind).finditer(data, col0[i] if i >= 0 else 0, pos):
+                pass
+            if low is None:
+                break
+            opener = data[low.end():low.end() + 6]
+            if opener[:1] in (b")", b"]", b"}"):   # the close of a multi-line header: look higher
+                pos = low.start()
+                continue
+            if opener.startswith(_NESTING):
+                break                      # a method or a nested function: not module level
+            pos, ind = low.start(), low.end() - low.start()
+        else:
+            return True
+    return False
+
+
+_LOW: dict[int, re.Pattern] = {}
+_COL0 = re.compile(rb"^(?=[^ \t\r\n#])", re.M)
+
+
+def _low_indent(ind: int) -> re.Pattern:
+    if ind not in _LOW:
+        _LOW[ind] = re.compile(rb"^[ \t]{0,%d}(?=[^ \t\r\n#])" % (ind - 1), re.M)
+    return _LOW[ind]
 
 
 def _prefetch(view, words: set[str]) -> dict[str, list[str]]:
@@ -375,6 +423,7 @@ def _prefetch(view, words: set[str]) -> dict[str, list[str]]:
     cache.update(hits)
     # later greps (where did a missing name go? who imports it?) search these bytes, not the disk
     reader._scan = lambda word: [rel for rel, data in blobs.items() if word.encode() in data]
+    reader._blobs = blobs
     tree = view.tree
     orig_defs, orig_importers = tree.find_definitions, tree.importers
 
@@ -384,9 +433,13 @@ def _prefetch(view, words: set[str]) -> dict[str, list[str]]:
         keep = [rel for rel in reader.grep(word) if rx.search(blobs.get(rel, b""))]
         return keep
 
+    defined: dict[str, list[str]] = {}
+
     def find_definitions(name: str) -> list[str]:
-        n = re.escape(name).encode()
-        hits = narrowed(rb"^\s*(?:async\s+def|def|class)\s+" + n + rb"\b", name)
+        if name not in defined:
+            rx = re.compile(rb"(?:async\s+def|def|class)\s+" + re.escape(name).encode() + rb"\b")
+            defined[name] = [rel for rel in reader.grep(name) if _module_level_def(blobs.get(rel, b""), rx)]
+        hits = defined[name]
         saved = reader._grep.get(name)
         reader._grep[name] = hits
         try:
@@ -466,7 +519,20 @@ def _dataclass_params(view, module: str, qualname: str) -> list[Param] | None:
 # -- the check -------------------------------------------------------------------------
 
 def check_plugin(view, uses: list[Use], plugin: str = "the plugin") -> list[Finding]:
-    """Drift findings for one plugin against one vLLM view, one per root cause."""
+    """Drift findings for one plugin against one vLLM view, one per root cause.
+
+    The cyclic GC is paused meanwhile: parsing the vLLM modules builds millions of AST nodes
+    that are kept (cached) anyway, and collections over them were ~25 % of a run."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        return _check_plugin(view, uses, plugin)
+    finally:
+        if was:
+            gc.enable()
+
+
+def _check_plugin(view, uses: list[Use], plugin: str) -> list[Finding]:
     out: list[Finding] = []
     seen: dict[tuple, Finding] = {}
     replaced: dict[tuple[str, str], list[Use]] = {}
@@ -475,9 +541,10 @@ def check_plugin(view, uses: list[Use], plugin: str = "the plugin") -> list[Find
     for u in uses:
         if u.what == "replace" and u.params is not None and not _takes_kwargs(u):
             parts = u.target.split(".")
-            words.add(parts[-1])
             if u.is_method and len(parts) > 1:
-                words.add(parts[-2])
+                words.add(parts[-2])       # callers of a method are found through its class
+            else:                          # (a method name such as ``wait`` is in every file)
+                words.add(parts[-1])
     props = _prefetch(view, words)
     own_init = {u.target[: -len(".__init__")] for u in uses if u.what == "replace" and u.target.endswith(".__init__")}
     removed = {u.module for u in uses if u.what == "import" and u.module and u.module != u.target
@@ -655,7 +722,10 @@ def _check_assignment(view, u: Use, mod: str, qual: str, add, replaced, rebinds,
         return
     info = view.lookup(mod, qual)
     if info is None:
-        lazy = [f for f in checks.check_presence(view, mod, qual, use="wrap")[0] if f.kind == checks.LAZY_SHIM]
+        # only a lazy module can shim the name (asking check_presence otherwise greps the whole tree
+        # for where a plugin-own attribute such as ``self.manager`` "went")
+        lazy = [f for f in checks.check_presence(view, mod, qual, use="wrap")[0]
+                if f.kind == checks.LAZY_SHIM] if view.lazy_module(mod) else []
         if lazy:
             for f in lazy:
                 f.extra["upstream_site"] = _module_site(view, mod)
@@ -738,7 +808,11 @@ def _override(view, home: str, name: str, u: Use, patched: set[tuple[str, str]])
     # candidate callers by text first (the class is named AND the call is spelled there): a class
     # such as ParallelConfig is imported by hundreds of modules, parsing them all costs seconds
     call_text = f"{cls}(" if name == "__init__" else f".{name}("
-    files = sorted(set(tree.reader.grep(cls)) & set(tree.reader.grep(call_text)))
+    blobs = getattr(tree.reader, "_blobs", None)
+    if blobs is not None:      # the files naming the class, read once by _prefetch: no tree-wide grep
+        files = sorted(r for r in tree.reader.grep(cls) if call_text.encode() in blobs.get(r, b""))
+    else:
+        files = sorted(set(tree.reader.grep(cls)) & set(tree.reader.grep(call_text)))
     sites = list(dict.fromkeys([mod] + [r[:-3].replace("/", ".").removesuffix(".__init__") for r in files]))
     for site in sites:
         m = tree.module(site) if tree is not None else None
