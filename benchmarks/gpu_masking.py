@@ -26,6 +26,10 @@ per row; weights per id within 1e-5; rows that differ must be near-ties, see
 
     python benchmarks/gpu_masking.py --vllm-src .vllm_src/vllm-0.32.0-grouped_topk.tar.xz \
         --tune --json gpu_masking.json --plot gpu_masking.png
+
+``--tune`` times every entry of SWEEP (kernel, block, warps) per case, each checked against the
+reference first, and the full table then uses the fastest correct one (the committed
+``default_config`` is set from such a run).
 """
 from __future__ import annotations
 
@@ -54,7 +58,13 @@ ROUTERS = {
     "kimi-style": dict(num_experts=384, num_expert_group=1, topk_group=1, topk=8, scale=2.827),
 }
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-SWEEP = ((1, 1), (2, 1), (4, 1))  # a 2-warp row or 2-warp tile lost everywhere in the first H200 sweep
+# (kernel, BLOCK_M, num_warps, merge): "tile" = one warp per token (a 2-warp row or tile, or
+# 2-4 tokens per warp, lost everywhere in the earlier H200 sweeps); "rows" = one thread per
+# token (BLOCK_M = 32 x num_warps; 1, 2 and 8 warps and insertion instead of merge lost to 4
+# warps with merge in gpu_masking_h200_sweep1.json); "parts" = 8 lanes per token (BLOCK_M =
+# 32 x num_warps / 8); merge = sort-and-merge (else insertion) for the k best.
+SWEEP = (("tile", 1, 1, None), ("rows", 128, 4, True), ("parts", 4, 1, True), ("parts", 8, 2, True),
+         ("parts", 16, 4, True))
 ROTATE_BYTES = 200e6  # input sets per graph: > 3x the H200's 60 MB L2
 
 
@@ -194,23 +204,32 @@ def bench_route(router: str, dname: str, T: int, dev: str, gen: torch.Generator,
     no_pad = torch.zeros_like(mask)  # the mask present but nothing padded: the mask's pure cost
 
     res = {"router": router, "dtype": dname, "T": T, "input_sets": nsets}
-    bm, nw = default_config(T, E, dtype)
+    kern, bm, nw = default_config(T, E, dtype)
+    merge = None
     if tune:
         res["sweep"] = []
-        for sbm, snw in SWEEP:
+        for skern, sbm, snw, smerge in SWEEP:
+            skw = dict(kw, kernel=skern, block_m=sbm, num_warps=snw, merge=smerge)
+            entry = {"kernel": skern, "block_m": sbm, "num_warps": snw, "merge": smerge}
             try:
-                fused_grouped_topk(logits, bias, is_padding=mask, out=out, block_m=sbm, num_warps=snw, **kw)
+                out[0].fill_(float("nan"))
+                out[1].fill_(-7)
+                fused_grouped_topk(logits, bias, is_padding=mask, out=out, **skw)
                 chk = check_routing(*out, rw, ri, choice, cfg)
-                t = graph_time_us([lambda x=x: fused_grouped_topk(x, bias, out=out, block_m=sbm, num_warps=snw, **kw)
-                                   for x in sets], target_ms=3, repeats=5)
-                res["sweep"].append({"block_m": sbm, "num_warps": snw, "us": t["median_us"], "check": chk})
+                chk["padded_rows_exact"] = bool((out[1][mask[:T]] == -1).all() and (out[0][mask[:T]] == 0).all())
+                chk["all_written"] = bool((out[1] != -7).all() and not out[0].isnan().any())
+                t = graph_time_us([lambda x=x: fused_grouped_topk(x, bias, out=out, **skw) for x in sets],
+                                  target_ms=3, repeats=5)
+                res["sweep"].append(dict(entry, us=t["median_us"], check=chk))
             except Exception as exc:  # a config Triton cannot build: record, keep going
-                res["sweep"].append({"block_m": sbm, "num_warps": snw, "error": repr(exc)[:300]})
-        ok = [s for s in res["sweep"] if "us" in s and s["check"]["rows_differ_not_tie"] == 0]
+                res["sweep"].append(dict(entry, error=repr(exc)[:300]))
+        ok = [s for s in res["sweep"] if "us" in s and s["check"]["rows_differ_not_tie"] == 0
+              and s["check"]["padded_rows_exact"] and s["check"]["all_written"]
+              and s["check"]["max_weight_abs_diff"] <= 1e-5]
         best = min(ok, key=lambda s: s["us"])
-        bm, nw = best["block_m"], best["num_warps"]
-    res["config"] = {"block_m": bm, "num_warps": nw}
-    fkw = dict(kw, block_m=bm, num_warps=nw)
+        kern, bm, nw, merge = best["kernel"], best["block_m"], best["num_warps"], best["merge"]
+    res["config"] = {"kernel": kern, "block_m": bm, "num_warps": nw, "merge": merge}
+    fkw = dict(kw, kernel=kern, block_m=bm, num_warps=nw, merge=merge)
 
     out[0].fill_(float("nan"))
     out[1].fill_(-7)  # poison: every element must be written
@@ -262,16 +281,18 @@ def plot(doc: dict, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(1, 3, figsize=(17, 4.8))
-    Ts = [r["T"] for r in doc["mask"]]
-    for key, label in (("upstream_pair", "upstream masked_fill pair"), ("inplace_pair", "in-place torch pair"),
-                       ("triton", "Triton one-launch (ours)")):
-        ax[0].plot(Ts, [r[key]["median_us"] for r in doc["mask"]], marker="o", label=label)
-    ax[0].set(xscale="log", xlabel="tokens T (k=8)", ylabel="µs per MoE layer (graph replay)",
-              title="Padding mask", ylim=(0, None))
-    ax[0].legend(fontsize=8)
+    first = 1 if doc["mask"] else 0  # no mask panel when the run skipped the mask table
+    fig, ax = plt.subplots(1, 2 + first, figsize=(6 * (2 + first) - 1, 4.8))
+    if first:
+        Ts = [r["T"] for r in doc["mask"]]
+        for key, label in (("upstream_pair", "upstream masked_fill pair"), ("inplace_pair", "in-place torch pair"),
+                           ("triton", "Triton one-launch (ours)")):
+            ax[0].plot(Ts, [r[key]["median_us"] for r in doc["mask"]], marker="o", label=label)
+        ax[0].set(xscale="log", xlabel="tokens T (k=8)", ylabel="µs per MoE layer (graph replay)",
+                  title="Padding mask", ylim=(0, None))
+        ax[0].legend(fontsize=8)
     for j, router in enumerate(ROUTERS):
-        a = ax[1 + j]
+        a = ax[first + j]
         for dname, ls in (("fp32", "-"), ("bf16", "--")):
             rows = [r for r in doc["route"] if r["router"] == router and r["dtype"] == dname]
             if not rows:
@@ -299,14 +320,14 @@ def print_tables(doc: dict) -> None:
               f"{r['triton']['median_us']:>8.2f} {r['triton_over_upstream']:>16.2f} {str(r['bit_identical']):>14}")
     print("\nfused+mask: 25 % rows padded; +mask0: mask given, no row padded; limit = bytes / copy bandwidth;"
           " copy = device copy of the same bytes; vllm = vLLM grouped_topk compiled, + its mask pair")
-    print(f"{'router':>11} {'dt':>4} {'T':>6} {'bm,nw':>5} {'fused':>7} {'limit':>6} {'ratio':>5} {'copy':>6} "
+    print(f"{'router':>11} {'dt':>4} {'T':>6} {'kernel,bm,nw':>13} {'fused':>7} {'limit':>6} {'ratio':>5} {'copy':>6} "
           f"{'+mask':>7} {'+mask0':>7} {'ovh%':>5} {'ovh0%':>5} {'vllm':>7} {'vllm+m':>7} {'x vllm':>6} "
           f"{'x(+m)':>6} {'differ':>6} {'ties':>4} {'max|dw|':>8}")
     for r in doc["route"]:
         v = r.get("vllm", {}).get("median_us", float("nan"))
         vm = r.get("vllm_masked", {}).get("median_us", float("nan"))
         c = r["config"]
-        print(f"{r['router']:>11} {r['dtype']:>4} {r['T']:>6} {c['block_m']:>2},{c['num_warps']:<2} "
+        print(f"{r['router']:>11} {r['dtype']:>4} {r['T']:>6} {c['kernel']:>4},{c['block_m']:>3},{c['num_warps']:<2} "
               f"{r['fused']['median_us']:>7.2f} {r['limit_us']:>6.2f} {r['ratio']:>5.2f} "
               f"{r['copy_same_bytes']['median_us']:>6.2f} {r['fused_masked']['median_us']:>7.2f} "
               f"{r['fused_masked_nopad']['median_us']:>7.2f} {r['mask_overhead_pct']:>5.1f} "
@@ -315,8 +336,9 @@ def print_tables(doc: dict) -> None:
               f"{r['check']['rows_differ_near_tie']:>4} {r['check']['max_weight_abs_diff']:>8.1e}")
     for r in doc["route"]:
         if "sweep" in r:
-            cells = " ".join(f"{s['block_m']},{s['num_warps']}:{s['us']:.2f}" if "us" in s else
-                             f"{s['block_m']},{s['num_warps']}:ERR" for s in r["sweep"])
+            cells = " ".join(f"{s['kernel']}{s['num_warps']}{'m' if s['merge'] else ''}:{s['us']:.2f}"
+                             f"{'' if s['check']['rows_differ_not_tie'] == 0 and s['check']['padded_rows_exact'] else '!BAD'}"
+                             if "us" in s else f"{s['kernel']}{s['num_warps']}:ERR" for s in r["sweep"])
             print(f"sweep {r['router']} {r['dtype']} T={r['T']}: {cells}")
 
 
@@ -326,7 +348,7 @@ def main() -> int:
     ap.add_argument("--dtypes", nargs="*", default=list(DTYPES))
     ap.add_argument("--routers", nargs="*", default=list(ROUTERS))
     ap.add_argument("--tune", action="store_true",
-                    help="sweep (BLOCK_M, num_warps) per case and time the best (else: default_config)")
+                    help="sweep SWEEP's (kernel, BLOCK_M, num_warps, merge) per case and time the best (else: default_config)")
     ap.add_argument("--vllm-src", default=None,
                     help="vLLM release tree or .tar.xz (benchmarks/vllm_grouped_topk.py) to time vLLM's grouped_topk")
     ap.add_argument("--vllm-cases", nargs="*", default=None,

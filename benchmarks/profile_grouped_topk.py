@@ -1,14 +1,21 @@
 """Launches to profile under Nsight Compute: the fused grouped top-k without mask, with
 the mask (25 % of rows padded) and with the mask but no row padded, per size and dtype.
 
-    ncu --clock-control none -k regex:_grouped_topk_kernel \
+    ncu --clock-control none -k regex:_grouped_topk \
         --metrics dram__bytes_read.sum,dram__bytes_write.sum,smsp__inst_executed.sum,gpu__time_duration.sum \
-        python3 benchmarks/profile_grouped_topk.py
+        python3 benchmarks/profile_grouped_topk.py [--kernel tile|rows] [--num-warps N]
 
 Launch order (ncu lists them in this order): for each (router, dtype, T) in CASES:
 no mask, mask 25 %, mask none padded.  The kernel reads 1 byte per token more with the
 mask, and padded rows skip their logits above 1024 tokens; what else the mask costs shows
 as executed instructions.
+
+``--sass`` (no GPU needed, Triton installed): compiles the three kernels for sm_90 the way a
+launch specialises them (pointers and the int arguments divisible by 16) and prints per
+(kernel, router, dtype) the static SASS instruction count, registers, and each loop's body
+length (cuobjdump from Triton's package): per-token dynamic counts = straight-line code +
+body x trip count (S / 16-byte chunk), per thread, x lanes per token / 32 for warp
+instructions.
 """
 from __future__ import annotations
 
@@ -25,7 +32,69 @@ CASES = [("deepseek-v3", torch.float32, 32768), ("deepseek-v3", torch.bfloat16, 
 ROUTER = {"deepseek-v3": (256, 8, 4, 8, 2.5), "kimi-style": (384, 1, 1, 8, 2.827)}
 
 
+def sass_counts() -> None:
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from vllm_padplugin.kernels import triton_grouped_topk as m
+
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    div16 = ("logits_ptr", "bias_ptr", "pad_ptr", "w_out_ptr", "ids_out_ptr", "T", "stride_t")
+    for router, (E, G, TG, K, _) in ROUTER.items():
+        S = E // G
+        for dt, vec in (("fp32", 4), ("bf16", 8)):
+            common = dict(G=G, S=S, TOPK_GROUP=TG, TOPK=K, HAS_BIAS=True, HAS_PAD=False, RENORM=True,
+                          SKIP_PADDED_LOADS=False, BLOCK_K=8)
+            fast = dict(VEC=vec, FAST_SIGMOID=True, MERGE=True, LOG_TOPK=3)
+            lanes = m._parts_lanes(E, G, TG, vec)
+            lpg = lanes // TG if G > TG else 0
+            variants = {
+                "tile": (m._grouped_topk_kernel, dict(common, BLOCK_M=1, BLOCK_G=triton.next_power_of_2(G),
+                                                      BLOCK_S=max(4, triton.next_power_of_2(S)))),
+                "rows": (m._grouped_topk_rows_kernel, dict(common, BLOCK_M=32, **fast)),
+                "parts": (m._grouped_topk_parts_kernel, dict(common, BLOCK_M=32 // lanes, P=lanes, SP=E // lanes,
+                                                             LPG=lpg, **fast)),
+            }
+            for name, (fn, ce) in variants.items():
+                sig = {a: "constexpr" for a in fn.arg_names}
+                sig.update({"logits_ptr": f"*{dt}", "bias_ptr": "*fp32", "pad_ptr": "*u8", "w_out_ptr": "*fp32",
+                            "ids_out_ptr": "*i32", "T": "i32", "stride_t": "i32", "pad_stride": "i32",
+                            "scale": "fp32"})
+                names = list(sig)
+                attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in div16}
+                src = ASTSource(fn=fn, signature=sig, constexprs={k: v for k, v in ce.items() if k in sig},
+                                attrs=attrs)
+                k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1})
+                with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+                    f.write(k.asm["cubin"])
+                    f.flush()
+                    sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True).stdout
+                    res = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True, text=True).stdout
+                pcs = [int(x, 16) for x in re.findall(r"^\s+/\*([0-9a-f]{4})\*/", sass, re.M)]
+                loops = [(int(t, 16), int(pc, 16)) for pc, t in re.findall(r"/\*([0-9a-f]{4})\*/\s+@!?P\d BRA 0x([0-9a-f]+)", sass)
+                         if int(t, 16) < int(pc, 16)]
+                regs = re.search(r"REG:(\d+)", res)
+                print(f"{name:5} {router:11} {dt}: {len(pcs)} SASS instructions, {regs.group(1) if regs else '?'} registers, "
+                      f"loop bodies {[(b - a) // 16 + 1 for a, b in loops]}")
+
+
 def main() -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kernel", default=None)
+    ap.add_argument("--num-warps", type=int, default=None)
+    ap.add_argument("--sass", action="store_true", help="static SASS counts, no GPU (see the docstring)")
+    args = ap.parse_args()
+    if args.sass:
+        sass_counts()
+        return
     g = torch.Generator(device="cuda").manual_seed(0)
     for router, dtype, T in CASES:
         E, G, TG, K, scale = ROUTER[router]
@@ -34,7 +103,8 @@ def main() -> None:
         mask = torch.zeros(T, dtype=torch.bool, device="cuda")
         mask[T - T // 4:] = True
         none = torch.zeros_like(mask)
-        kw = dict(topk=K, num_expert_group=G, topk_group=TG, routed_scaling_factor=scale)
+        kw = dict(topk=K, num_expert_group=G, topk_group=TG, routed_scaling_factor=scale,
+                  kernel=args.kernel, num_warps=args.num_warps)
         for m in (None, mask, none):
             fused_grouped_topk(x, b, is_padding=m, **kw)
         torch.cuda.synchronize()

@@ -173,6 +173,47 @@ def test_kernel_source_under_triton_interpreter():
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), (r.stdout[-1000:], r.stderr[-3000:])
 
 
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed: no interpreter to run the kernel source")
+@pytest.mark.parametrize("kernel", ["rows", "parts"])
+def test_rows_and_parts_kernels_under_triton_interpreter(kernel):
+    """The one-thread-per-token ("rows") and lanes-per-token ("parts") kernels' source, run by
+    the interpreter: both routers, fp32 / bf16, bias or not, mask, sort-merge and insertion,
+    renormalised or not, integer logits (ties everywhere: lowest id wins)."""
+    r = _run_py(
+        f"""
+        import torch
+        from vllm_padplugin.kernels.triton_grouped_topk import fused_grouped_topk
+        from vllm_padplugin.kernels.reference import grouped_topk_reference
+        torch.manual_seed(0)
+        # DeepSeek-V3 (parts: kept groups spread over the lanes), Kimi-style (no group dropped),
+        # a top-6 (insertion), DeepSeek-V2-like 160/8/3/6 (parts: lanes of dropped groups idle)
+        cases = [(256, 8, 4, 8, 2.5), (384, 1, 1, 8, 2.827), (128, 4, 2, 6, 1.0), (160, 8, 3, 6, 16.0)]
+        for E, G, TG, K, s in cases:
+            for dt, ints, bias, merge, renorm in [(torch.float32, False, True, None, True),
+                                                  (torch.bfloat16, False, True, None, True),
+                                                  (torch.float32, False, False, False, False),
+                                                  (torch.float32, True, True, None, True),
+                                                  (torch.bfloat16, True, False, False, True)]:
+                x = (torch.randint(-2, 3, (37, E)).float() if ints else torch.randn(37, E)).to(dt)
+                b = (torch.full((E,), 0.25) if ints else torch.randn(E) * 0.05) if bias else None
+                m = torch.rand(40) < 0.3
+                kw = dict(topk=K, num_expert_group=G, topk_group=TG, routed_scaling_factor=s,
+                          renormalize=renorm, is_padding=m)
+                fw, fi = fused_grouped_topk(x, b, kernel="{kernel}", merge=merge, **kw)
+                rw, ri = grouped_topk_reference(x, b, **kw)
+                fs, fo = fi.long().sort(1); rs, ro = ri.long().sort(1)
+                assert torch.equal(fs, rs), (E, dt, ints, bias)
+                assert torch.allclose(fw.gather(1, fo), rw.gather(1, ro), atol=1e-6, rtol=1e-5)
+                live = ~m[:37]
+                assert torch.equal(fi[live], fi[live].sort(1).values)  # ascending expert id
+        print("ok")
+        """,
+        TRITON_INTERPRET="1",
+    )
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), (r.stdout[-1000:], r.stderr[-3000:])
+
+
 # ------------------------------------------------------------------ GPU
 @pytest.mark.gpu
 @needs_gpu
@@ -237,14 +278,18 @@ GPU_TOKENS = [1, 16, 64, 256, 257, 1000, 1024, 4096, 16384, 32768]
 @pytest.mark.parametrize("T", GPU_TOKENS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("bias", [True, False])
-def test_gpu_fused_grouped_topk_matches_reference(E, G, TG, K, scale, T, dtype, bias):
+@pytest.mark.parametrize("kernel", [None, "tile", "rows", "parts"])
+def test_gpu_fused_grouped_topk_matches_reference(E, G, TG, K, scale, T, dtype, bias, kernel):
+    """Every kernel at every timed shape (None = the size's default_config)."""
+    if kernel is not None and (T in (1, 257, 1000) or not bias):
+        pytest.skip("the default config covers every case; each kernel explicitly at the timed sizes, with bias")
     g = torch.Generator(device="cuda").manual_seed(T + E)
     x = torch.randn(T, E, generator=g, device="cuda").to(dtype)
     b = torch.randn(E, generator=g, device="cuda") * 0.05 if bias else None
     mask = torch.rand(T + 7, generator=g, device="cuda") < 0.3
     kw = dict(topk=K, num_expert_group=G, topk_group=TG, routed_scaling_factor=scale, is_padding=mask)
     out = (torch.full((T, K), float("nan"), device="cuda"), torch.full((T, K), -7, dtype=torch.int32, device="cuda"))
-    fw, fi = fused_grouped_topk(x, b, out=out, **kw)
+    fw, fi = fused_grouped_topk(x, b, out=out, kernel=kernel, **kw)
     rw, ri = grouped_topk_reference(x, b, **kw)
     pad = mask[:T]
     assert (fi[pad] == -1).all() and (fw[pad] == 0).all()
@@ -256,28 +301,39 @@ def test_gpu_fused_grouped_topk_matches_reference(E, G, TG, K, scale, T, dtype, 
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("E,G,TG,K,scale", ROUTERS)
-@pytest.mark.parametrize("block_m,num_warps", [(1, 1), (2, 1), (4, 1), (2, 2), (4, 2), (8, 2), (8, 4), (16, 4)])
-def test_gpu_fused_grouped_topk_ties_lowest_id(E, G, TG, K, scale, block_m, num_warps):
+@pytest.mark.parametrize("kernel,block_m,num_warps", [("tile", 1, 1), ("tile", 2, 1), ("tile", 4, 1), ("tile", 2, 2),
+                                                     ("tile", 4, 2), ("tile", 8, 2), ("tile", 8, 4), ("tile", 16, 4),
+                                                     ("rows", 0, 1), ("rows", 0, 4), ("parts", 0, 1), ("parts", 0, 4)])
+@pytest.mark.parametrize("merge", [True, False])
+def test_gpu_fused_grouped_topk_ties_lowest_id(E, G, TG, K, scale, kernel, block_m, num_warps, merge):
     """Integer logits tie everywhere: the exact (lowest-id) path must give the reference's sets."""
+    if kernel == "tile" and not merge:
+        pytest.skip("merge is a rows / parts option")
     g = torch.Generator(device="cuda").manual_seed(E + block_m)
     x = torch.randint(-2, 3, (515, E), generator=g, device="cuda").to(torch.bfloat16)
     for b in (None, torch.full((E,), 0.25, device="cuda")):
         kw = dict(topk=K, num_expert_group=G, topk_group=TG, routed_scaling_factor=scale)
-        fw, fi = fused_grouped_topk(x, b, block_m=block_m, num_warps=num_warps, **kw)
+        fw, fi = fused_grouped_topk(x, b, kernel=kernel, block_m=block_m or None, num_warps=num_warps,
+                                    merge=merge, **kw)
         rw, ri = grouped_topk_reference(x, b, **kw)
         same_routing(fw, fi, rw, ri)
 
 
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("block_m,num_warps", [(1, 1), (2, 1), (4, 1), (2, 2), (4, 2), (8, 2), (8, 4), (16, 4), (16, 8)])
+@pytest.mark.parametrize("kernel,block_m,num_warps", [("tile", 1, 1), ("tile", 2, 1), ("tile", 4, 1), ("tile", 2, 2),
+                                                     ("tile", 4, 2), ("tile", 8, 2), ("tile", 8, 4), ("tile", 16, 4),
+                                                     ("tile", 16, 8), ("rows", 0, 1), ("rows", 0, 2), ("rows", 0, 4),
+                                                     ("rows", 0, 8), ("parts", 0, 1), ("parts", 0, 2), ("parts", 0, 4),
+                                                     ("parts", 0, 8)])
 @pytest.mark.parametrize("skip_padded_loads", [False, True])
-def test_gpu_fused_grouped_topk_configs(block_m, num_warps, skip_padded_loads):
+def test_gpu_fused_grouped_topk_configs(kernel, block_m, num_warps, skip_padded_loads):
     x = torch.randn(333, 256, device="cuda")
     b = torch.randn(256, device="cuda") * 0.05
     mask = torch.rand(340, device="cuda") < 0.3
     kw = dict(topk=8, num_expert_group=8, topk_group=4, routed_scaling_factor=2.5, is_padding=mask)
-    fw, fi = fused_grouped_topk(x, b, block_m=block_m, num_warps=num_warps, skip_padded_loads=skip_padded_loads, **kw)
+    fw, fi = fused_grouped_topk(x, b, kernel=kernel, block_m=block_m or None, num_warps=num_warps,
+                                skip_padded_loads=skip_padded_loads, **kw)
     rw, ri = grouped_topk_reference(x, b, **kw)
     same_routing(fw, fi, rw, ri)
     assert (fi[mask[:333]] == -1).all() and (fw[mask[:333]] == 0).all()
@@ -285,13 +341,14 @@ def test_gpu_fused_grouped_topk_configs(block_m, num_warps, skip_padded_loads):
 
 @pytest.mark.gpu
 @needs_gpu
-def test_gpu_fused_grouped_topk_in_cuda_graph():
+@pytest.mark.parametrize("kernel", ["tile", "rows", "parts"])
+def test_gpu_fused_grouped_topk_in_cuda_graph(kernel):
     T = 256
     x = torch.randn(T, 256, device="cuda")
     b = torch.randn(256, device="cuda") * 0.05
     mask = torch.zeros(T, dtype=torch.bool, device="cuda")
     out = (torch.empty(T, 8, device="cuda"), torch.empty(T, 8, dtype=torch.int32, device="cuda"))
-    kw = dict(topk=8, num_expert_group=8, topk_group=4, routed_scaling_factor=2.5)
+    kw = dict(topk=8, num_expert_group=8, topk_group=4, routed_scaling_factor=2.5, kernel=kernel)
     fused_grouped_topk(x, b, is_padding=mask, out=out, **kw)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -299,6 +356,7 @@ def test_gpu_fused_grouped_topk_in_cuda_graph():
     x.copy_(torch.randn(T, 256, device="cuda"))
     mask.copy_(torch.rand(T, device="cuda") < 0.5)
     graph.replay()
+    kw.pop("kernel")
     rw, ri = grouped_topk_reference(x, b, is_padding=mask, **kw)
     same_routing(out[0], out[1], rw, ri)
 

@@ -1,31 +1,31 @@
 """Fused grouped top-k routing with the padding mask, in one Triton launch.
 
-The torch composite (:mod:`.reference`) takes ~15 launches per MoE layer.  Here one
-program routes ``BLOCK_M`` tokens end to end in registers, on a flat [BLOCK_M, groups x
-experts-per-group] tile read once with 16-byte loads (the layout Triton gives it needs no
-shuffles or shared memory between stages: a reshaped [M, G, S] or quad-sorted tile cost
-~1.5x the instructions in the H200 sweep, see benchmarks/RESULTS.md):
+The torch composite (:mod:`.reference`) takes ~15 launches per MoE layer.  Three kernels
+compute the same routing; ``default_config`` picks one per batch size (H200 sweep,
+benchmarks/RESULTS.md):
 
-1. scores = sigmoid(logits); choice = scores + correction bias.
-2. A group's rank = the sum of its two best choices (one tuple reduction), the
-   ``topk_group`` best groups stay eligible (ties: lowest group id).
-3. ``topk`` value-only passes (row max, then drop every element equal to it) give the
-   k-th best eligible value ``thr``: one reduction per pass instead of the two (value,
-   then lowest id) a max-and-mask pass needs.
-4. The selected set is ``choice >= thr``.  When exactly ``topk`` experts pass, that set
-   IS the top-k.  Only when a tie among the best values of some row of the tile makes
-   more pass does the tile take the exact path: ``topk`` max + lowest-id passes, so ties
-   go to the lowest expert id (the reference's definition).
-5. Weights from the unbiased scores, renormalised and scaled; each selected expert is
-   written by the thread that holds it at its rank among the row's selected ids (prefix
-   sum), so ids come out in ascending expert order.  The set and the weight per id are
-   the reference's; the order within a row is not (vLLM asks torch.topk for
-   ``sorted=False``, whose order is unspecified).
-6. Padded rows (``is_padding``) get ``(-1, 0)``; with ``skip_padded_loads`` they read no
-   logits at all.
+* ``tile`` (<= 4095 tokens): one warp per token on a flat [BLOCK_M, E] tile, value-only
+  top-k passes with an exact lowest-id path for tiles with a tie, prefix-sum writes.
+  Shortest chain per token, so it wins while the batch is latency-bound.
+* ``parts`` (>= 4096 tokens): P lanes per token (one per group when groups are dropped,
+  else 8 slices), each lane's experts in its own registers, 16-byte loads (bf16 converted
+  in-register).  A lane ranks its group (two best biased scores); the ``topk_group`` best
+  groups (lowest id on ties) are spread over all lanes; each lane keeps its ``topk`` best
+  values sorted (per chunk: sort, bitonic merge); ``thr`` = the k-th value of the union
+  (``topk`` pops of the lanes' heads); a lane takes its values > ``thr`` and its share of
+  the ties at ``thr`` (lowest ids first) and writes them at slots from an exclusive scan
+  over the lanes.  ~3x fewer instructions per token than ``tile``.
+* ``rows``: the same with one thread per token (fewest instructions, but too few threads
+  to hide latency: slower than ``parts`` everywhere measured; kept selectable).
 
-At large batches the kernel is bound by instructions, not by memory: ~1.2k SASS
-instructions per token for DeepSeek-V3 (benchmarks/RESULTS.md has the figures).
+Common to all: scores = sigmoid(logits); choice = scores + correction bias; a group's rank =
+the sum of its two best choices (its best without a bias); the ``topk`` best choices among
+the kept groups are selected, ties to the lowest expert id (the reference's definition);
+weights = the unbiased scores, renormalised and scaled.  Ids within a row come out in
+ascending expert order (vLLM asks torch.topk for ``sorted=False``, whose order is
+unspecified).  Padded rows (``is_padding``) get ``(-1, 0)``; with ``skip_padded_loads``
+they read no logits at all.  ``rows`` / ``parts`` use the SFU's approximate ex2 / rcp for
+the sigmoid (like ``tl.sigmoid``'s ex2.approx + div.full, within a few ulp of torch's).
 
 Falls back to the torch reference when Triton or a CUDA tensor is unavailable.
 """
@@ -34,7 +34,7 @@ from __future__ import annotations
 import torch
 
 from vllm_padplugin.kernels.reference import grouped_topk_reference
-from vllm_padplugin.kernels.triton_mask import HAS_TRITON, can_use_triton, triton
+from vllm_padplugin.kernels.triton_mask import HAS_TRITON, _interpreting, can_use_triton, triton
 
 if HAS_TRITON:
     import triton.language as tl
@@ -152,16 +152,506 @@ if HAS_TRITON:
             tl.store(w_out_ptr + op, tl.zeros([BLOCK_M, BLOCK_K], tl.float32), mask=pm)
 
 
-# (BLOCK_M, num_warps) per batch size, from the H200 sweep in benchmarks/gpu_masking.py
-# (--tune; benchmarks/RESULTS.md): one token per one-warp program won at every size, for
-# both routers; key = the smallest batch size an entry is for.
-_CONFIGS: dict[int, tuple[int, int]] = {0: (1, 1)}
+    @triton.jit
+    def _split_vec(x, BM: tl.constexpr, VEC: tl.constexpr):
+        """A [BM, VEC] tile held by one thread per row -> a tuple of VEC [BM] columns, in order
+        (``tl.split`` of a dimension that lives in one thread's registers costs nothing)."""
+        if VEC == 4:
+            a, b = tl.split(tl.reshape(x, [BM, 2, 2]))  # a: cols 0, 2; b: cols 1, 3
+            x0, x2 = tl.split(a)
+            x1, x3 = tl.split(b)
+            return (x0, x1, x2, x3)
+        else:  # VEC == 8
+            a, b = tl.split(tl.reshape(x, [BM, 4, 2]))  # a: 0 2 4 6; b: 1 3 5 7
+            a0, a1 = tl.split(tl.reshape(a, [BM, 2, 2]))  # a0: 0 4; a1: 2 6
+            b0, b1 = tl.split(tl.reshape(b, [BM, 2, 2]))  # b0: 1 5; b1: 3 7
+            e0, e4 = tl.split(a0)
+            e2, e6 = tl.split(a1)
+            e1, e5 = tl.split(b0)
+            e3, e7 = tl.split(b1)
+            return (e0, e1, e2, e3, e4, e5, e6, e7)
+
+    @triton.jit
+    def _sigmoid_rows(x, FAST: tl.constexpr):
+        """1 / (1 + 2^(-x log2 e)) with the approximate ex2 / rcp of the SFU (4 instructions,
+        no denormal fix-ups; within ~2 ulp of torch's sigmoid, like ``tl.sigmoid``'s
+        ex2.approx + div.full).  The CPU interpreter cannot run PTX: ``tl.sigmoid`` there."""
+        if FAST:
+            e = tl.inline_asm_elementwise(
+                "ex2.approx.ftz.f32 $0, $1;", "=r,r", [x * -1.4426950408889634], dtype=tl.float32, is_pure=True, pack=1
+            )
+            return tl.inline_asm_elementwise(
+                "rcp.approx.ftz.f32 $0, $1;", "=r,r", [e + 1.0], dtype=tl.float32, is_pure=True, pack=1
+            )
+        else:
+            return tl.sigmoid(x)
+
+    @triton.jit
+    def _sort_desc(xs, VEC: tl.constexpr):
+        """Sort a tuple of 4 or 8 [BM] columns, descending (optimal comparator networks)."""
+        if VEC == 4:
+            x0, x1, x2, x3 = xs
+            x0, x1 = tl.maximum(x0, x1), tl.minimum(x0, x1)
+            x2, x3 = tl.maximum(x2, x3), tl.minimum(x2, x3)
+            x0, x2 = tl.maximum(x0, x2), tl.minimum(x0, x2)
+            x1, x3 = tl.maximum(x1, x3), tl.minimum(x1, x3)
+            x1, x2 = tl.maximum(x1, x2), tl.minimum(x1, x2)
+            return (x0, x1, x2, x3)
+        else:
+            x0, x1, x2, x3, x4, x5, x6, x7 = xs
+            x0, x1 = tl.maximum(x0, x1), tl.minimum(x0, x1)
+            x2, x3 = tl.maximum(x2, x3), tl.minimum(x2, x3)
+            x4, x5 = tl.maximum(x4, x5), tl.minimum(x4, x5)
+            x6, x7 = tl.maximum(x6, x7), tl.minimum(x6, x7)
+            x0, x2 = tl.maximum(x0, x2), tl.minimum(x0, x2)
+            x1, x3 = tl.maximum(x1, x3), tl.minimum(x1, x3)
+            x4, x6 = tl.maximum(x4, x6), tl.minimum(x4, x6)
+            x5, x7 = tl.maximum(x5, x7), tl.minimum(x5, x7)
+            x1, x2 = tl.maximum(x1, x2), tl.minimum(x1, x2)
+            x5, x6 = tl.maximum(x5, x6), tl.minimum(x5, x6)
+            x0, x4 = tl.maximum(x0, x4), tl.minimum(x0, x4)
+            x3, x7 = tl.maximum(x3, x7), tl.minimum(x3, x7)
+            x1, x5 = tl.maximum(x1, x5), tl.minimum(x1, x5)
+            x2, x6 = tl.maximum(x2, x6), tl.minimum(x2, x6)
+            x1, x4 = tl.maximum(x1, x4), tl.minimum(x1, x4)
+            x3, x6 = tl.maximum(x3, x6), tl.minimum(x3, x6)
+            x2, x4 = tl.maximum(x2, x4), tl.minimum(x2, x4)
+            x3, x5 = tl.maximum(x3, x5), tl.minimum(x3, x5)
+            x3, x4 = tl.maximum(x3, x4), tl.minimum(x3, x4)
+            return (x0, x1, x2, x3, x4, x5, x6, x7)
+
+    @triton.jit
+    def _keep_best(L, xs, VEC: tl.constexpr, K: tl.constexpr, LOG_K: tl.constexpr, MERGE: tl.constexpr):
+        """L (K values, descending) := the K best of L and the VEC new values xs."""
+        if MERGE:  # sort the chunk, pair L[i] with the chunk reversed (a bitonic top-K), clean up
+            b = _sort_desc(xs, VEC)
+            c = ()
+            for i in tl.static_range(K):
+                if i >= K - VEC:
+                    c = c + (tl.maximum(L[i], b[K - 1 - i]),)
+                else:
+                    c = c + (L[i],)
+            for st in tl.static_range(LOG_K):  # half-cleaners at distance K/2, K/4, .., 1
+                nc = ()
+                for i in tl.static_range(K):
+                    if (i & (K >> (st + 1))) == 0:
+                        nc = nc + (tl.maximum(c[i], c[i ^ (K >> (st + 1))]),)
+                    else:
+                        nc = nc + (tl.minimum(c[i], c[i ^ (K >> (st + 1))]),)
+                c = nc
+            return c
+        else:  # insertion: a max / min pair per slot and value
+            for j in tl.static_range(VEC):
+                cv = xs[j]
+                nl = ()
+                for i in tl.static_range(K):
+                    nl = nl + (tl.maximum(L[i], cv),)
+                    cv = tl.minimum(L[i], cv)
+                L = nl
+            return L
+
+    @triton.jit
+    def _grouped_topk_rows_kernel(
+        logits_ptr,
+        bias_ptr,
+        pad_ptr,
+        w_out_ptr,
+        ids_out_ptr,
+        T,
+        stride_t,
+        pad_stride,
+        scale,
+        G: tl.constexpr,
+        S: tl.constexpr,
+        TOPK_GROUP: tl.constexpr,
+        TOPK: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        HAS_PAD: tl.constexpr,
+        RENORM: tl.constexpr,
+        SKIP_PADDED_LOADS: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        VEC: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        FAST_SIGMOID: tl.constexpr,
+        MERGE: tl.constexpr,
+        LOG_TOPK: tl.constexpr,
+    ):
+        """One thread per token: every reduction is in registers, none crosses lanes.
+
+        Pass 1 (only when some group is dropped): per group the sum of its two best biased
+        scores; the ``TOPK_GROUP`` best groups kept by insertion into a sorted list
+        (strict ``>``: an equal rank keeps the lower group id), then sorted by id.
+        Pass 2 over the kept groups: the ``TOPK`` best values, kept sorted (per 16-byte
+        chunk: sort it, bitonic merge; or insertion), ``thr`` = the k-th.  Pass 3, in
+        ascending expert id: an expert is taken if its value is > ``thr``, or == ``thr``
+        while fewer were taken than the k best hold (lowest id first), and written at the
+        row's next slot.  The logits come from HBM once (pass 1), then from cache.
+        """
+        NEG: tl.constexpr = float("-inf")
+        NKEEP: tl.constexpr = TOPK_GROUP if G > TOPK_GROUP else G
+        pid = tl.program_id(0)
+        rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rows < T
+        live = row_ok
+        if HAS_PAD:
+            pad = tl.load(pad_ptr + rows.to(tl.int64) * pad_stride, mask=row_ok, other=0) != 0
+            if SKIP_PADDED_LOADS:
+                live = row_ok & (pad == 0)
+        vv = tl.arange(0, VEC)[None, :]
+        lm = live[:, None]
+        rowp = logits_ptr + rows.to(tl.int64)[:, None] * stride_t + vv  # [BM, VEC]
+
+        # ---- pass 1: group ranks; sg = the TOPK_GROUP best groups, ascending id ----
+        if G > TOPK_GROUP:
+            A1 = ()
+            A2 = ()
+            for g in tl.static_range(G):
+                A1 = A1 + (tl.full([BLOCK_M], NEG, tl.float32),)
+                A2 = A2 + (tl.full([BLOCK_M], NEG, tl.float32),)
+            for c in range(0, S, VEC):  # all groups' chunk c at once: G loads in flight
+                n1 = ()
+                n2 = ()
+                for g in tl.static_range(G):
+                    xv = _sigmoid_rows(tl.load(rowp + (g * S + c), mask=lm, other=0.0).to(tl.float32), FAST_SIGMOID)
+                    if HAS_BIAS:
+                        xv = xv + tl.load(bias_ptr + (g * S + c) + vv).to(tl.float32)
+                    xs = _split_vec(xv, BLOCK_M, VEC)
+                    a1 = A1[g]
+                    a2 = A2[g]
+                    for j in tl.static_range(VEC):
+                        a2 = tl.maximum(a2, tl.minimum(a1, xs[j]))
+                        a1 = tl.maximum(a1, xs[j])
+                    n1 = n1 + (a1,)
+                    n2 = n2 + (a2,)
+                A1 = n1
+                A2 = n2
+            gv = ()
+            gi = ()
+            for i in tl.static_range(TOPK_GROUP):
+                gv = gv + (tl.full([BLOCK_M], NEG, tl.float32),)
+                gi = gi + (tl.full([BLOCK_M], i, tl.int32),)
+            for g in tl.static_range(G):
+                if HAS_BIAS:
+                    rank = A1[g] + A2[g]
+                else:
+                    rank = A1[g]
+                cid = tl.full([BLOCK_M], g, tl.int32)
+                nv = ()
+                ni = ()
+                for i in tl.static_range(TOPK_GROUP):
+                    sw = rank > gv[i]
+                    nv = nv + (tl.where(sw, rank, gv[i]),)
+                    ni = ni + (tl.where(sw, cid, gi[i]),)
+                    rank = tl.where(sw, gv[i], rank)
+                    cid = tl.where(sw, gi[i], cid)
+                gv = nv
+                gi = ni
+            sg = ()
+            for i in tl.static_range(TOPK_GROUP):
+                sg = sg + (tl.full([BLOCK_M], G, tl.int32),)
+            for q in tl.static_range(TOPK_GROUP):
+                gc = gi[q]
+                ns = ()
+                for i in tl.static_range(TOPK_GROUP):
+                    ns = ns + (tl.minimum(sg[i], gc),)
+                    gc = tl.maximum(sg[i], gc)
+                sg = ns
+
+        # ---- pass 2: thr = the TOPK-th best choice among the kept groups ----
+        L = ()
+        for i in tl.static_range(TOPK):
+            L = L + (tl.full([BLOCK_M], NEG, tl.float32),)
+        for q in tl.static_range(NKEEP):
+            for c in range(0, S, VEC):
+                if G > TOPK_GROUP:
+                    e0 = (sg[q] * S + c)[:, None]  # [BM, 1]: each row its own group
+                    xv = _sigmoid_rows(tl.load(rowp + e0, mask=lm, other=0.0).to(tl.float32), FAST_SIGMOID)
+                    if HAS_BIAS:
+                        xv = xv + tl.load(bias_ptr + e0 + vv).to(tl.float32)
+                else:
+                    xv = _sigmoid_rows(tl.load(rowp + (q * S + c), mask=lm, other=0.0).to(tl.float32), FAST_SIGMOID)
+                    if HAS_BIAS:
+                        xv = xv + tl.load(bias_ptr + (q * S + c) + vv).to(tl.float32)
+                L = _keep_best(L, _split_vec(xv, BLOCK_M, VEC), VEC, TOPK, LOG_TOPK, MERGE)
+        thr = L[TOPK - 1]
+        need = tl.full([BLOCK_M], 1, tl.int32)  # how many values == thr the k best hold
+        for i in tl.static_range(TOPK - 1):
+            need += (L[i] == thr).to(tl.int32)
+
+        # ---- pass 3: write the selected experts in ascending id ----
+        ok_st = row_ok
+        if HAS_PAD:
+            ok_st = ok_st & (pad == 0)
+        orow = rows.to(tl.int64) * TOPK
+        n = tl.zeros([BLOCK_M], tl.int32)
+        neq = tl.zeros([BLOCK_M], tl.int32)
+        for q in tl.static_range(NKEEP):
+            for c in range(0, S, VEC):
+                if G > TOPK_GROUP:
+                    e0 = sg[q] * S + c
+                    sv = _sigmoid_rows(tl.load(rowp + e0[:, None], mask=lm, other=0.0).to(tl.float32), FAST_SIGMOID)
+                    if HAS_BIAS:
+                        cvv = sv + tl.load(bias_ptr + e0[:, None] + vv).to(tl.float32)
+                    else:
+                        cvv = sv
+                else:
+                    e0 = tl.full([BLOCK_M], q * S + c, tl.int32)
+                    sv = _sigmoid_rows(tl.load(rowp + (q * S + c), mask=lm, other=0.0).to(tl.float32), FAST_SIGMOID)
+                    if HAS_BIAS:
+                        cvv = sv + tl.load(bias_ptr + (q * S + c) + vv).to(tl.float32)
+                    else:
+                        cvv = sv
+                if not RENORM:
+                    sv = sv * scale
+                ss = _split_vec(sv, BLOCK_M, VEC)
+                cs = _split_vec(cvv, BLOCK_M, VEC)
+                for j in tl.static_range(VEC):
+                    eq = cs[j] == thr
+                    take = (cs[j] > thr) | (eq & (neq < need))
+                    neq += eq.to(tl.int32)
+                    st = take & ok_st
+                    tl.store(ids_out_ptr + orow + n, e0 + j, mask=st)
+                    tl.store(w_out_ptr + orow + n, ss[j], mask=st)
+                    n += take.to(tl.int32)
+        if RENORM:  # this thread wrote the row's weights unscaled: reload, scale in place
+            ws = ()
+            wsum = tl.zeros([BLOCK_M], tl.float32)
+            for k in tl.static_range(TOPK):
+                w = tl.load(w_out_ptr + orow + k, mask=ok_st, other=0.0)
+                ws = ws + (w,)
+                wsum += w
+            f = scale / wsum
+            for k in tl.static_range(TOPK):
+                tl.store(w_out_ptr + orow + k, ws[k] * f, mask=ok_st)
+        if HAS_PAD:
+            pm = pad & row_ok
+            for k in tl.static_range(TOPK):
+                tl.store(ids_out_ptr + orow + k, tl.full([BLOCK_M], -1, tl.int32), mask=pm)
+                tl.store(w_out_ptr + orow + k, tl.zeros([BLOCK_M], tl.float32), mask=pm)
+
+    @triton.jit
+    def _split_lanes(x, BM: tl.constexpr, P: tl.constexpr, VEC: tl.constexpr):
+        """[BM, P, VEC] (VEC in one thread's registers) -> tuple of VEC [BM, P], in order."""
+        if VEC == 4:
+            a, b = tl.split(tl.reshape(x, [BM, P, 2, 2]))
+            x0, x2 = tl.split(a)
+            x1, x3 = tl.split(b)
+            return (x0, x1, x2, x3)
+        else:
+            a, b = tl.split(tl.reshape(x, [BM, P, 4, 2]))
+            a0, a1 = tl.split(tl.reshape(a, [BM, P, 2, 2]))
+            b0, b1 = tl.split(tl.reshape(b, [BM, P, 2, 2]))
+            e0, e4 = tl.split(a0)
+            e2, e6 = tl.split(a1)
+            e1, e5 = tl.split(b0)
+            e3, e7 = tl.split(b1)
+            return (e0, e1, e2, e3, e4, e5, e6, e7)
+
+    @triton.jit
+    def _grouped_topk_parts_kernel(
+        logits_ptr,
+        bias_ptr,
+        pad_ptr,
+        w_out_ptr,
+        ids_out_ptr,
+        T,
+        stride_t,
+        pad_stride,
+        scale,
+        G: tl.constexpr,
+        S: tl.constexpr,
+        TOPK_GROUP: tl.constexpr,
+        TOPK: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        HAS_PAD: tl.constexpr,
+        RENORM: tl.constexpr,
+        SKIP_PADDED_LOADS: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        VEC: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        FAST_SIGMOID: tl.constexpr,
+        MERGE: tl.constexpr,
+        LOG_TOPK: tl.constexpr,
+        P: tl.constexpr,
+        SP: tl.constexpr,
+        LPG: tl.constexpr,
+    ):
+        """P lanes per token, lane p holding experts [p SP, (p + 1) SP): its group when
+        groups are dropped (P = G), else a slice.  In-lane work as in the rows kernel;
+        across the P lanes only small reductions / scans of one value per lane.
+
+        Pass 1 (P = G): each lane its group's rank (two best biased scores); the
+        ``TOPK_GROUP`` best lanes by max + lowest-lane passes; with ``LPG`` > 0 the kept
+        groups are then spread over all lanes (``LPG`` lanes per kept group, in ascending
+        expert order), else the lanes of dropped groups idle.  Pass 2: each lane its
+        ``TOPK`` best values (sorted tuple); ``thr`` = the k-th of their union, by ``TOPK``
+        pops of the lanes' heads; per lane the count above ``thr`` and the ties it gets
+        (lowest ids first) give its output slots (exclusive scan over lanes).  Pass 3: each
+        lane writes its taken experts in ascending id; the weights are scaled after a barrier.
+        """
+        NEG: tl.constexpr = float("-inf")
+        SQ: tl.constexpr = S // LPG if LPG > 0 else SP  # experts per lane in passes 2-3
+        pid = tl.program_id(0)
+        rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rows < T
+        live = row_ok
+        if HAS_PAD:
+            pad = tl.load(pad_ptr + rows.to(tl.int64) * pad_stride, mask=row_ok, other=0) != 0
+            if SKIP_PADDED_LOADS:
+                live = row_ok & (pad == 0)
+        lane = tl.arange(0, P)[None, :]  # [1, P]
+        vv = tl.arange(0, VEC)[None, None, :]
+        e_lane = lane * SP  # first expert of each lane
+        rowp = logits_ptr + rows.to(tl.int64)[:, None, None] * stride_t + e_lane[:, :, None] + vv  # [BM, P, VEC]
+        bp = bias_ptr + e_lane[:, :, None] + vv  # [1, P, VEC]
+        lm = live[:, None, None]
+
+        if G > TOPK_GROUP:  # P == G: lane = group
+            a1 = tl.full([BLOCK_M, P], NEG, tl.float32)
+            a2 = tl.full([BLOCK_M, P], NEG, tl.float32)
+            for c in range(0, SP, VEC):
+                xv = _sigmoid_rows(tl.load(rowp + c, mask=lm, other=0.0).to(tl.float32), FAST_SIGMOID)
+                if HAS_BIAS:
+                    xv = xv + tl.load(bp + c).to(tl.float32)
+                xs = _split_lanes(xv, BLOCK_M, P, VEC)
+                for j in tl.static_range(VEC):
+                    a2 = tl.maximum(a2, tl.minimum(a1, xs[j]))
+                    a1 = tl.maximum(a1, xs[j])
+            if HAS_BIAS:
+                r = a1 + a2
+            else:
+                r = a1
+            keep = tl.zeros([BLOCK_M, P], dtype=tl.int1)
+            for _ in tl.static_range(TOPK_GROUP):
+                m = tl.max(r, axis=1)
+                gi = tl.min(tl.where(r == m[:, None], lane, P), axis=1)
+                hit = lane == gi[:, None]
+                keep = keep | hit
+                r = tl.where(hit, NEG, r)
+        else:
+            keep = tl.full([BLOCK_M, P], 1, tl.int1)
+        if LPG > 0:  # the kept groups, ascending id, spread over all lanes: LPG lanes each
+            taken = keep
+            sg = ()
+            for i in tl.static_range(TOPK_GROUP):
+                gi = tl.min(tl.where(taken, lane, P), axis=1)
+                sg = sg + (gi,)
+                taken = taken & (lane != gi[:, None])
+            myg = tl.zeros([BLOCK_M, P], tl.int32)
+            for i in tl.static_range(TOPK_GROUP):
+                myg = tl.where(lane // LPG == i, sg[i][:, None], myg)
+            e_lane = myg * S + (lane % LPG) * SQ  # [BM, P]: first expert of each lane's slice
+            rowp = logits_ptr + rows.to(tl.int64)[:, None, None] * stride_t + e_lane[:, :, None] + vv
+            bp = bias_ptr + e_lane[:, :, None] + vv
+            keep = tl.full([BLOCK_M, P], 1, tl.int1)
+        km = lm & keep[:, :, None]
+
+        # pass 2: each lane's TOPK best values
+        Lt = ()
+        for i in tl.static_range(TOPK):
+            Lt = Lt + (tl.full([BLOCK_M, P], NEG, tl.float32),)
+        for c in range(0, SQ, VEC):
+            xv = _sigmoid_rows(tl.load(rowp + c, mask=km, other=0.0).to(tl.float32), FAST_SIGMOID)
+            if HAS_BIAS:
+                xv = xv + tl.load(bp + c).to(tl.float32)
+            if LPG == 0:
+                xv = tl.where(keep[:, :, None], xv, NEG)
+            Lt = _keep_best(Lt, _split_lanes(xv, BLOCK_M, P, VEC), VEC, TOPK, LOG_TOPK, MERGE)
+        # thr = the TOPK-th value of the union: TOPK pops of the lanes' heads
+        H = Lt
+        cum = tl.zeros([BLOCK_M], tl.int32)
+        thr = tl.full([BLOCK_M], NEG, tl.float32)
+        for _ in tl.static_range(TOPK):
+            m = tl.max(H[0], axis=1)
+            hit = H[0] == m[:, None]
+            upd = cum < TOPK
+            thr = tl.where(upd, m, thr)
+            cum = tl.where(upd, cum + tl.sum(hit.to(tl.int32), axis=1), cum)
+            nh = ()
+            for k in tl.static_range(TOPK - 1):
+                nh = nh + (tl.where(hit, H[k + 1], H[k]),)
+            H = nh + (tl.where(hit, NEG, H[TOPK - 1]),)
+        t2 = thr[:, None]
+        n_gt = tl.zeros([BLOCK_M, P], tl.int32)
+        n_eq = tl.zeros([BLOCK_M, P], tl.int32)
+        for k in tl.static_range(TOPK):
+            n_gt += (Lt[k] > t2).to(tl.int32)
+            n_eq += (Lt[k] == t2).to(tl.int32)
+        need = TOPK - tl.sum(n_gt, axis=1)  # ties to take, lowest ids (lanes) first
+        eq_before = tl.cumsum(n_eq, axis=1) - n_eq
+        take_eq = tl.minimum(tl.maximum(need[:, None] - eq_before, 0), n_eq)
+        n_take = n_gt + take_eq
+        off = tl.cumsum(n_take, axis=1) - n_take  # first output slot of each lane
+
+        # pass 3: each lane writes its taken experts, ascending id
+        ok_st = row_ok
+        if HAS_PAD:
+            ok_st = ok_st & (pad == 0)
+        ok2 = ok_st[:, None] & keep
+        orow = rows.to(tl.int64)[:, None] * TOPK + off  # [BM, P]
+        n = tl.zeros([BLOCK_M, P], tl.int32)
+        neq = tl.zeros([BLOCK_M, P], tl.int32)
+        wsum = tl.zeros([BLOCK_M, P], tl.float32)
+        for c in range(0, SQ, VEC):
+            sv = _sigmoid_rows(tl.load(rowp + c, mask=km, other=0.0).to(tl.float32), FAST_SIGMOID)
+            if HAS_BIAS:
+                cvv = sv + tl.load(bp + c).to(tl.float32)
+            else:
+                cvv = sv
+            if LPG == 0:
+                cvv = tl.where(keep[:, :, None], cvv, NEG)
+            if not RENORM:
+                sv = sv * scale
+            ss = _split_lanes(sv, BLOCK_M, P, VEC)
+            cs = _split_lanes(cvv, BLOCK_M, P, VEC)
+            for j in tl.static_range(VEC):
+                eq = cs[j] == t2
+                take = (cs[j] > t2) | (eq & (neq < take_eq))
+                neq += eq.to(tl.int32)
+                st = take & ok2
+                tl.store(ids_out_ptr + orow + n, e_lane + (c + j), mask=st)
+                tl.store(w_out_ptr + orow + n, ss[j], mask=st)
+                if RENORM:
+                    wsum += tl.where(take, ss[j], 0.0)
+                n += take.to(tl.int32)
+        obase = rows.to(tl.int64)[:, None] * TOPK
+        if RENORM:  # lanes wrote unscaled weights; after the barrier lane p scales slots p, p + P, ..
+            f = (scale / tl.sum(wsum, axis=1))[:, None]
+            tl.debug_barrier()
+            for k0 in tl.static_range(0, TOPK, P):
+                slot = k0 + lane
+                sm = ok_st[:, None] & (slot < TOPK)
+                w = tl.load(w_out_ptr + obase + slot, mask=sm, other=0.0)
+                tl.store(w_out_ptr + obase + slot, w * f, mask=sm)
+        if HAS_PAD:
+            for k0 in tl.static_range(0, TOPK, P):
+                slot = k0 + lane
+                pm = (pad & row_ok)[:, None] & (slot < TOPK)
+                tl.store(ids_out_ptr + obase + slot, tl.full([BLOCK_M, P], -1, tl.int32), mask=pm)
+                tl.store(w_out_ptr + obase + slot, tl.zeros([BLOCK_M, P], tl.float32), mask=pm)
+
+# (kernel, BLOCK_M, num_warps) per batch size; key = the smallest batch size an entry is
+# for.  From the H200 sweep (benchmarks/gpu_masking.py --tune, results/gpu_masking_h200_final.json):
+# "tile" with one token per one-warp program wins up to 1024 tokens for both routers and
+# dtypes, "parts" with one warp (4 tokens x 8 lanes) from 4096 on (2 or 4 warps and "rows"
+# lost); 1025-4095 tokens were not measured and stay on "tile".
+_CONFIGS: dict[int, tuple[str, int, int]] = {0: ("tile", 1, 1), 4096: ("parts", 4, 1)}
 
 
-def default_config(num_tokens: int, num_experts: int, dtype: torch.dtype | None = None) -> tuple[int, int]:
-    """(BLOCK_M, num_warps) for a batch: the entry of ``_CONFIGS`` for the largest key <= T."""
+def default_config(num_tokens: int, num_experts: int, dtype: torch.dtype | None = None) -> tuple[str, int, int]:
+    """(kernel, BLOCK_M, num_warps) for a batch: the entry of ``_CONFIGS`` for the largest key <= T."""
     key = max(k for k in _CONFIGS if k <= max(num_tokens, 0))
     return _CONFIGS[key]
+
+
+def _parts_lanes(num_experts: int, num_expert_group: int, topk_group: int, vec: int) -> int:
+    """Lanes per token for the "parts" kernel (0: it does not apply): one per group when
+    groups are dropped (a power of 2 <= 32), else 8 slices of whole 16-byte chunks."""
+    if num_expert_group > topk_group:
+        g = num_expert_group
+        ok = g & (g - 1) == 0 and g <= 32 and (num_experts // g) % vec == 0
+        return g if ok else 0
+    return 8 if num_experts % (8 * vec) == 0 else 0
 
 
 def fused_grouped_topk(
@@ -178,6 +668,8 @@ def fused_grouped_topk(
     block_m: int | None = None,
     num_warps: int | None = None,
     skip_padded_loads: bool | None = None,
+    kernel: str | None = None,
+    merge: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sigmoid grouped top-k + mask in one launch; returns ``(weights f32, ids i32)``.
 
@@ -187,6 +679,10 @@ def fused_grouped_topk(
     ``skip_padded_loads`` (default: above 1024 tokens) makes padded rows skip their logits
     load, which pays when bandwidth-bound and costs a dependent load when latency-bound.
     Ids within a row come in ascending expert order (the set is the reference's).
+    ``kernel`` ("tile" / "parts" / "rows"), ``block_m`` (tile only) and ``num_warps`` override
+    ``default_config``; ``merge`` (rows / parts): sort-and-merge (default where ``topk`` is a
+    power of 2 >= the chunk) or insertion for the k best.  "rows" needs the experts per group,
+    "parts" those per lane, to be whole 16-byte chunks of logits; else "tile".
     """
     tensors = [gating_output] + ([is_padding] if is_padding is not None else [])
     num_tokens, num_experts = gating_output.shape
@@ -218,12 +714,30 @@ def fused_grouped_topk(
         weights, ids = out
     if num_tokens == 0:
         return weights, ids
-    bm, nw = default_config(num_tokens, num_experts, gating_output.dtype)
-    bm = block_m or bm
+    kern, bm, nw = default_config(num_tokens, num_experts, gating_output.dtype)
+    if kernel is not None and kernel != kern:
+        kern, bm = kernel, (1 if kernel == "tile" else 32)
     nw = num_warps or nw
+    vec = 16 // gating_output.element_size()
+    lanes = _parts_lanes(num_experts, num_expert_group, topk_group, vec) if kern == "parts" else 0
+    lpg = 0  # lanes per kept group ("parts" with dropped groups); 0: lanes of dropped groups idle
+    if lanes and num_expert_group > topk_group and lanes % topk_group == 0:
+        lpg = lanes // topk_group if (per_group % (lanes // topk_group) == 0
+                                      and (per_group // (lanes // topk_group)) % vec == 0) else 0
+    idle_lanes = lanes and num_expert_group > topk_group and not lpg
+    if (kern == "rows" and per_group % vec) or (kern == "parts" and not lanes) or (idle_lanes and kernel is None):
+        # the idle-lane mode of "parts" runs only when asked for: the H200 runs verified the
+        # spread mode (DeepSeek-V3) and the no-drop mode (Kimi-style), this one only the interpreter
+        kern, bm = "tile", 1
+    if kern == "rows":
+        bm = 32 * nw
+    elif kern == "parts":
+        bm = 32 * nw // lanes
+    else:
+        bm = block_m or bm
     pad = is_padding.view(torch.uint8) if is_padding is not None else gating_output
     bias = e_score_correction_bias if e_score_correction_bias is not None else gating_output
-    _grouped_topk_kernel[(triton.cdiv(num_tokens, bm),)](
+    args = (
         gating_output,
         bias,
         pad,
@@ -233,6 +747,8 @@ def fused_grouped_topk(
         gating_output.stride(0),
         is_padding.stride(0) if is_padding is not None else 0,
         float(routed_scaling_factor),
+    )
+    common = dict(
         G=num_expert_group,
         S=per_group,
         TOPK_GROUP=topk_group,
@@ -242,9 +758,23 @@ def fused_grouped_topk(
         RENORM=renormalize,
         SKIP_PADDED_LOADS=(num_tokens > 1024) if skip_padded_loads is None else skip_padded_loads,
         BLOCK_M=bm,
-        BLOCK_G=triton.next_power_of_2(num_expert_group),
-        BLOCK_S=max(4, triton.next_power_of_2(per_group)),
         BLOCK_K=triton.next_power_of_2(topk),
         num_warps=nw,
     )
+    grid = (triton.cdiv(num_tokens, bm),)
+    if kern in ("rows", "parts"):
+        pow2 = (topk & (topk - 1)) == 0 and topk >= vec
+        merge = pow2 if merge is None else (merge and pow2)
+        extra = dict(VEC=vec, FAST_SIGMOID=not _interpreting(), MERGE=merge, LOG_TOPK=topk.bit_length() - 1)
+        if kern == "rows":
+            _grouped_topk_rows_kernel[grid](*args, **extra, **common)
+        else:
+            _grouped_topk_parts_kernel[grid](*args, P=lanes, SP=num_experts // lanes, LPG=lpg, **extra, **common)
+    else:
+        _grouped_topk_kernel[grid](
+            *args,
+            BLOCK_G=triton.next_power_of_2(num_expert_group),
+            BLOCK_S=max(4, triton.next_power_of_2(per_group)),
+            **common,
+        )
     return weights, ids
