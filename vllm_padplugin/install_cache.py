@@ -11,8 +11,13 @@ never an exception)::
     ident = identity(vllm_root)                 # what identifies this install + this plugin
     data = load("drift", ident)                 # dict, or None (miss / stale / disabled)
     if data is None:
-        data, files = compute()                 # files: every path the answer was read from
+        with recording() as files:              # every path note()d while computing
+            data = compute()                    # readers call note(path) for what they read
         store("drift", ident, files, data)
+
+``note(*paths)`` records dependencies into every active ``recording()`` of this thread
+(they nest); a ``load`` hit notes its entry's files, so a cache computed on top of another
+cache inherits that one's dependencies.
 
 Validity: an entry is returned only when (1) its identity equals ``ident`` (vLLM root path,
 vLLM version, Python, plugin version + package dir + a stamp of the plugin's own .py files,
@@ -36,11 +41,12 @@ Location: ``$PADPLUGIN_CACHE/install/<kind>/`` (default ``~/.cache/vllm_padplugi
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import sys
-import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, Iterable
@@ -69,6 +75,39 @@ def kind_dir(kind: str) -> Path:
     if not kind or not kind.replace("_", "").replace("-", "").isalnum():
         raise ValueError(f"bad cache kind {kind!r}")
     return cache_root() / kind
+
+
+# ---------------------------------------------------------------- dependencies
+
+_REC = threading.local()
+
+
+@contextlib.contextmanager
+def recording():
+    """Collect (as a set of path strings) every path ``note``d in this thread meanwhile."""
+    stack = getattr(_REC, "stack", None)
+    if stack is None:
+        stack = _REC.stack = []
+    files: set[str] = set()
+    stack.append(files)
+    try:
+        yield files
+    finally:
+        stack.remove(files)
+
+
+def recording_active() -> bool:
+    """Whether a ``recording()`` is open in this thread (callers skip costly ``note``s otherwise)."""
+    return bool(getattr(_REC, "stack", None))
+
+
+def note(*paths: str | os.PathLike) -> None:
+    """Declare that the answer being computed depends on ``paths`` (files or directories)."""
+    stack = getattr(_REC, "stack", None)
+    if stack:
+        names = [os.fspath(p) for p in paths]
+        for files in stack:
+            files.update(names)
 
 
 # ---------------------------------------------------------------- stamps
@@ -140,6 +179,23 @@ def identity(vllm_root: str | os.PathLike, **extra: Any) -> dict[str, Any]:
     }
 
 
+def vllm_root() -> Path | None:
+    """Directory holding the ``vllm`` package (of the imported one if imported), found
+    without importing it; None when vLLM is not installed."""
+    mod = sys.modules.get("vllm")
+    if mod is not None and getattr(mod, "__file__", None):
+        return Path(mod.__file__).resolve().parent.parent
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("vllm")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0]).parent
+
+
 def _key(ident: dict[str, Any]) -> str:
     return hashlib.blake2b(json.dumps(ident, sort_keys=True, default=str).encode(), digest_size=12).hexdigest()
 
@@ -171,7 +227,10 @@ def load(kind: str, ident: dict[str, Any], files: Iterable[str | os.PathLike] = 
             if stamp(path) != st:
                 return None
         data = entry["data"]
-        return data if isinstance(data, dict) else None
+        if not isinstance(data, dict):
+            return None
+        note(*recorded)
+        return data
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
@@ -186,16 +245,18 @@ def store(kind: str, ident: dict[str, Any], files: Iterable[str | os.PathLike], 
         return False
     now = time.time()
     stamps: dict[str, list[int] | None] = {}
-    for f in files:
+    for f in sorted(os.fspath(p) for p in files):
         st = stamp(f)
         if st is not None and now - st[0] / 1e9 < RACY_S:
             return False      # modified just now: a same-size edit could keep this stamp
-        stamps[os.fspath(f)] = st
+        stamps[f] = st
     d = kind_dir(kind)
     body = json.dumps({"identity": ident, "files": stamps, "data": data, "stored_at": now},
                       default=str, sort_keys=True)
     tmp = None
     try:
+        import tempfile  # only when storing: not on a cache hit's path
+
         d.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=d)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
