@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .surface import SURFACE, Finding, Kind, Symbol, Use
 
@@ -279,17 +281,37 @@ def forward_targets(view, module: str) -> list[str]:
     return uniq
 
 
+def _may_define(text: str, name: str, attrs: bool) -> bool:
+    """A cheap text test before parsing: ``def``/``class NAME`` or (attrs) a line starting
+    with ``NAME:`` / ``NAME =`` (literal-prefixed regexes; no per-line anchoring)."""
+    import re
+
+    if f"def {name}" in text or f"class {name}" in text:
+        return True
+    if not attrs:
+        return False
+    for m in re.finditer(rf"{re.escape(name)}[ \t]*(?::|=(?!=))", text):
+        line_start = text.rfind("\n", 0, m.start()) + 1
+        if not text[line_start:m.start()].strip():
+            return True
+    return False
+
+
 def static_search(view, name: str, kind: str) -> list[str]:
     """Modules of the view's tree that DEFINE ``name`` (top-level def/class, or a top-level
     assignment/annotation for attributes); kind "module": modules whose text contains it."""
     tree = view.tree
     hits = tree.reader.grep(name)
+    # only files whose text could define it are parsed (a name is used in hundreds of files)
     out = []
     for rel in hits:
         mod = rel[:-3].replace("/", ".")
         mod = mod[: -len(".__init__")] if mod.endswith(".__init__") else mod
         if kind == "module":
             out.append(mod)
+            continue
+        text = tree._text(rel)
+        if not text or not _may_define(text, name, kind == "top"):
             continue
         m = tree.module(mod)
         if m is None:
@@ -319,16 +341,14 @@ def installed(refresh: bool = False) -> Relocation:
         if _INSTALLED is not None and not refresh:
             return _INSTALLED
         t0 = time.perf_counter()
-        from .shim import vllm_root
+        from . import install_cache
 
-        root = vllm_root()
+        root = install_cache.vllm_root()
         if root is None:
             _INSTALLED = Relocation()
             for s in SURFACE:
                 _INSTALLED.locations[s.key] = Location(s.key, s.module, s.qualname, KNOWN)
             return _INSTALLED
-        from . import install_cache
-
         ident = install_cache.identity(root, what="relocate")
         data = install_cache.load("relocate", ident)
         if data is not None:
@@ -338,11 +358,47 @@ def installed(refresh: bool = False) -> Relocation:
         from .compat.source import DirReader, Tree
         from .compat.view import StaticView
 
-        with install_cache.recording() as files:
-            _INSTALLED = relocate(StaticView(Tree(DirReader(root))), SURFACE)
-        install_cache.store("relocate", ident, files, to_dict(_INSTALLED))
+        view = StaticView(Tree(DirReader(root)))
+        searched: list[str] = []
+
+        def search(name: str, kind: str) -> list[str]:
+            searched.append(name)
+            return static_search(view, name, kind)
+
+        with install_cache.recording() as read:
+            _INSTALLED = relocate(view, SURFACE, search=search)
+        install_cache.store("relocate", ident, depends_on(_INSTALLED, root, read, bool(searched)),
+                            to_dict(_INSTALLED))
         LAST.update(cache="miss" if install_cache.enabled() else "off", ms=(time.perf_counter() - t0) * 1e3)
         return _INSTALLED
+
+
+def depends_on(rel: Relocation, root, read: set[str], searched: bool) -> list[str]:
+    """The paths whose stamps keep a cached relocation valid.
+
+    Without a search: every file the resolution read (a handful).  With one (something
+    moved): the files of every module named in the answer, old and new paths (absent ones
+    stay recorded as absent), plus every directory of the tree (a file added, removed or
+    renamed anywhere changes its directory's stamp), NOT every file: validating ~3000 file
+    stamps at each load would cost ~35 ms; a duplicate definition added by editing an
+    existing, unrelated file in place is therefore only noticed with the next vLLM version
+    or any added/removed file (documented in docs/compat.md)."""
+    from .compat.source import module_paths
+
+    if not searched:
+        return sorted(read)
+    root = Path(root)
+    out: set[str] = set()
+    for loc in rel.locations.values():
+        for mod in {loc.module, loc.old or loc.module, *loc.candidates}:
+            out.update(str(root / rel_) for rel_ in module_paths(mod))
+    for site_list in rel.sites.values():
+        for mod in site_list:
+            out.update(str(root / rel_) for rel_ in module_paths(mod))
+    for dirpath, dirnames, _ in os.walk(root / "vllm"):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".") and d != "__pycache__"]
+        out.add(dirpath)
+    return sorted(out)
 
 
 def to_dict(rel: Relocation) -> dict:

@@ -339,4 +339,7 @@ def relocation_for(view, surface: Iterable[Symbol] = SURFACE):
     surface = tuple(surface)
     if hasattr(view, "upstream_lookup") and surface == SURFACE:   # shim.RuntimeView
         return _relocate.installed()
-    return _relocate.relocate(view, surface)
+    memo = view.__dict__.setdefault("_relocations", {})   # one resolution per view and surface
+    if surface not in memo:
+        memo[surface] = _relocate.relocate(view, surface)
+    return memo[surface]
