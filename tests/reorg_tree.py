@@ -11,8 +11,8 @@ facts in tests/fixtures/reorg/main_facts.json).  ``MAIN_MOVES`` mirrors what the
   old`` forms are rewritten to the new path;
 - ``shim``: what is left at the old path: ``None`` (nothing: a clean move), ``"alias"``
   (``sys.modules[__name__] = import_module(new)``), ``"getattr"`` (a module ``__getattr__``
-  forwarding to the new module) or ``"reexport"`` (``from new import *`` plus the private
-  names the plugin reads).
+  forwarding to the new module): the two styles main's auto-generated shims use, or
+  ``"reexport"`` (``from new import *``).
 
 The copy is a symlink farm (``cp -rs``): only the files that change become real files, so a
 copy of the installed package costs little and nothing is written into the venv
@@ -133,12 +133,15 @@ def rewrite(text: str, moves) -> str:
     return "\n".join(out_lines)
 
 
+# The two shim styles vLLM main's auto-generated old-path modules use (facts:
+# tests/fixtures/reorg/main_facts.json "shim_styles_seen"), plus a plain re-export.
 SHIMS = {
-    "alias": ('"""Moved to {new} (forwarding shim: this name is an alias of the new module)."""\n'
-              "import importlib\nimport sys\n\nsys.modules[__name__] = importlib.import_module({new!r})\n"),
-    "getattr": ('"""Moved to {new} (forwarding shim: attributes are looked up in the new module)."""\n'
-                "import importlib\n\n\ndef __getattr__(name):\n"
-                "    return getattr(importlib.import_module({new!r}), name)\n"),
+    "alias": ('"""Moved to {new} (forwarding shim: sys.modules alias)."""\n'
+              "import importlib\nimport sys\n\n_real = importlib.import_module({new!r})\n"
+              "sys.modules[__name__] = _real\n"),
+    "getattr": ('"""Moved to {new} (forwarding shim: lazy __getattr__ delegation)."""\n'
+                "import importlib as _importlib\n\n_real = _importlib.import_module({new!r})\n\n\n"
+                "def __getattr__(name):\n    return getattr(_real, name)\n"),
     "reexport": ('"""Moved to {new} (forwarding shim: re-exports the new module)."""\n'
                  "from {new} import *  # noqa: F401,F403\n"),
 }

@@ -83,7 +83,7 @@ class Relocation:
             s = get(key)
         loc = self.locations.get(key)
         kw = {}
-        if loc is not None and loc.status == MOVED:
+        if loc is not None and loc.status in (MOVED, MISSING) and loc.module != s.module:
             kw.update(module=loc.module, qualname=loc.qualname)
         if key in self.sites:
             kw["sites"] = self.sites[key]
@@ -133,6 +133,15 @@ def relocate(view, surface=SURFACE, search=None) -> Relocation:
     rel = Relocation(base=tuple(surface))
     for s in surface:
         rel.locations[s.key] = resolve_symbol(view, s, search)
+    # a symbol found nowhere whose module-mates all moved to ONE new module is reported as
+    # removed from THAT module (not "module gone"): the move is known, the symbol is not there
+    homes: dict[str, set[str]] = {}
+    for loc in rel.moved():
+        homes.setdefault(loc.old, set()).add(loc.module)
+    for key, loc in list(rel.locations.items()):
+        s = next(x for x in surface if x.key == key)
+        if loc.status == MISSING and not s.optional and len(homes.get(s.module, ())) == 1:
+            rel.locations[key] = dataclasses.replace(loc, module=next(iter(homes[s.module])), old=s.module)
     moved_modules = {loc.old: loc.module for loc in rel.moved() if not loc.qualname}
     for s in surface:
         if s.use == Use.REBIND and s.sites:

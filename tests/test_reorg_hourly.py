@@ -1,0 +1,45 @@
+"""ci/hourly when vLLM main MOVES a module the plugin uses (issue 12): green, with a note.
+
+Real git (tests/fake_vllm_repo.py's small fake vLLM), the real ``compat`` command and
+``ci/hourly`` as a subprocess.  A commit that moves ``vllm/forward_context.py`` to
+``vllm/runtime/execution/forward_context.py`` (as vLLM main does) keeps the run green:
+the static step passes, the range search names the commit where the move happened, the
+report has a "Moved upstream" table, and last-good advances.
+"""
+from __future__ import annotations
+
+from fake_vllm_repo import FakeVllmRepo
+from test_ci_hourly import assert_runtime_shown_skipped, hourly, last_good
+
+
+def test_move_is_green_with_the_commit_that_moved_it(tmp_path):
+    vllm = FakeVllmRepo(tmp_path / "vllm")
+    state = tmp_path / "state"
+    c0 = vllm.clean()
+    assert hourly(vllm.path, state, tmp_path / "r0").rc == 0 and last_good(state) == c0
+    vllm.unrelated(1)
+    subject = "[Refactor] Move forward_context into vllm.runtime.execution"
+    c2 = vllm.move("vllm/forward_context.py", "vllm/runtime/execution/forward_context.py", subject)
+    c3 = vllm.unrelated(2)
+
+    run = hourly(vllm.path, state, tmp_path / "r1")
+    assert run.rc == 0, run.stderr
+    assert run.result["status"] == "incomplete" and run.step("static")["status"] == "passed"
+    assert not run.breaking()
+    (mv,) = [f for f in run.result["findings"] if f.get("status") == "moved"]
+    assert mv["severity"] == "info" and mv["moved_from"] == "vllm.forward_context"
+    assert mv["moved_to"] == ["vllm.runtime.execution.forward_context"] and mv["moved_in"] == c2
+    assert run.step("culprit")["status"] == "done" and "first commit named for 1 of 1 move" in run.step("culprit")["detail"]
+    assert "## Moved upstream (1)" in run.report and c2[:12] in run.report and subject in run.report
+    assert "| `vllm.forward_context` | `vllm.runtime.execution.forward_context` |" in run.report
+    assert "Breaking findings" in run.report and "None: the plugin's upstream surface is intact" in run.report
+    assert last_good(state) == c3                         # a move does not hold last-good back
+    assert_runtime_shown_skipped(run)
+
+    # next hour: the move is older than last-good: still listed, no commit search result needed
+    c4 = vllm.unrelated(3)
+    again = hourly(vllm.path, state, tmp_path / "r2")
+    assert again.rc == 0 and last_good(state) == c4
+    (mv,) = [f for f in again.result["findings"] if f.get("status") == "moved"]
+    assert mv.get("moved_note") == "already moved at the last-good commit"
+    assert "## Moved upstream (1)" in again.report
