@@ -53,7 +53,7 @@ DRIVER = textwrap.dedent("""
         "drift": state.STATE.drift,
         "errors": state.STATE.errors,
         "installed": state.STATE.installed,
-        "compat_imported": sorted(m for m in sys.modules if m.startswith("vllm_padplugin.compat")),
+        "compat_imported": sorted(m for m in sys.modules if m.split(".")[:2] == ["vllm_padplugin", "compat"]),
     }))
 """)
 
@@ -141,12 +141,15 @@ def test_cached_load_then_changed_install_is_checked_again(vllm, tmp_path):
         assert expected not in before
         _edit(root, RF_FILE, old, new)
         after = _load(root, cache)
-        assert after["cache"] != "hit", "the entry for the old file must not answer for the edited one"
+        # the entry for the old file must not answer for the edited one: checked afresh, then stored
+        # ("miss" = not stored because the edit is younger than install_cache.RACY_S)
+        assert after["cache"] in ("stored", "miss"), after["cache"]
         assert expected in _kinds(after), (expected, after["drift"])
         assert after["compat_imported"], "the changed install was checked by the real checker"
-        time.sleep(2.1)   # past install_cache.RACY_S: the edited file's stamp can be trusted now
-        stored = _load(root, cache)
-        assert stored["cache"] == "stored" and _kinds(stored) == _kinds(after)
+        if after["cache"] == "miss":
+            time.sleep(2.1)
+            stored = _load(root, cache)
+            assert stored["cache"] == "stored" and _kinds(stored) == _kinds(after)
         again = _load(root, cache)
         assert again["cache"] == "hit" and _kinds(again) == _kinds(after)
 
