@@ -12,7 +12,7 @@ import json
 import pytest
 
 from compat_helpers import FX, PLUGINS, make_tree
-from vllm_padplugin.cmd_compat import run_compat
+from vllm_padplugin.cli.compat import run_compat
 
 # (overlay, plugin fixture or None = our own registry, kind, severity, symbol suffix, item)
 CASES = [

@@ -27,7 +27,7 @@ LAYERS = [
     {"shim", "platforms"},                                              # drift check at load; mode
     {"routing", "router_override", "patches"},                          # what the plugin installs
     {"plugin"},                                                         # the loader (vLLM's hooks)
-    {"cli", "cmd_bench", "cmd_compat", "cmd_report", "demo", "bench", "tiny_model"},
+    {"cli", "demo", "bench", "tiny_model"},
 ]
 
 

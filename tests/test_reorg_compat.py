@@ -19,7 +19,7 @@ import pytest
 
 import reorg_tree
 from compat_helpers import FX
-from vllm_padplugin.cmd_compat import run_compat
+from vllm_padplugin.cli.compat import run_compat
 
 FACTS = Path(__file__).resolve().parent / "fixtures" / "reorg" / "main_facts.json"
 # registry module -> where the reorganised tree defines what the plugin uses
