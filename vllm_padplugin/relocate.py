@@ -376,7 +376,9 @@ def installed(refresh: bool = False) -> Relocation:
 
         with install_cache.recording() as read:
             _INSTALLED = relocate(view, SURFACE, search=search)
-        install_cache.store("relocate", ident, depends_on(_INSTALLED, root, read, bool(searched)),
+        # a binding-site lookup (relocate_site) greps the tree too: that is a search as well
+        grepped = bool(searched) or bool(getattr(view.tree.reader, "_grep", None))
+        install_cache.store("relocate", ident, depends_on(_INSTALLED, root, read, grepped),
                             to_dict(_INSTALLED))
         LAST.update(cache="miss" if install_cache.enabled() else "off", ms=(time.perf_counter() - t0) * 1e3)
         return _INSTALLED
