@@ -71,7 +71,8 @@ def check_loaded_vllm(surface=SURFACE) -> list[Finding]:
             return [Finding("vllm-missing", "vllm", "vLLM is not installed in this Python",
                             "breaking", "Install vLLM; the plugin only works beside it.")]
         cacheable = surface is SURFACE and install_cache.enabled()
-        ident = install_cache.identity(root, check=CHECK_VERSION) if cacheable else None
+        ident = install_cache.identity(root, check=CHECK_VERSION, relocation=_relocation_digest()) \
+            if cacheable else None
         if ident is not None:
             hit = install_cache.load(CACHE_KIND, ident)
             if hit is not None and live_answers.replay(hit["answers"]):
@@ -91,6 +92,22 @@ def check_loaded_vllm(surface=SURFACE) -> list[Finding]:
         LAST.update(cache="error")
         return [Finding("check-failed", "vllm_padplugin.shim", f"drift check failed: {type(e).__name__}: {e}",
                         "breaking", "Report this to vllm_padplugin with the vLLM version.")]
+
+
+def _relocation_digest() -> str | None:
+    """Digest of where this process's relocation puts every registry symbol (``relocate``, resolved
+    once per process and cached per install on its own dependencies): the findings were computed for
+    one relocation and are reused for that one only."""
+    try:
+        import hashlib
+        import json
+
+        from . import relocate
+
+        data = json.dumps(relocate.to_dict(relocate.installed()), sort_keys=True, default=str)
+        return hashlib.blake2b(data.encode(), digest_size=12).hexdigest()
+    except Exception:   # no relocation module / it failed: the check itself will say so
+        return None
 
 
 def _check(root: Path, surface):
