@@ -107,8 +107,8 @@ def _apply(env: Env) -> list[str]:
     module = factory_module()
     if module not in sys.modules and _source_file(module) is None:
         raise LookupError(
-            f"{FACTORY_MODULE}.{FACTORY_NAME} not found in the installed vLLM {env.vllm_version} "
-            "(removed, or moved where no static search finds it): MoE routers are built without the plugin"
+            f"{FACTORY_MODULE} not found in the installed vLLM {env.vllm_version} (removed, or moved "
+            f"where no static search finds {FACTORY_NAME}): MoE routers are built without the plugin"
         )
     ran_now = binding_sites.when_imported(module, _install_hook)
     return list(state.STATE.binding_sites) if ran_now else []
