@@ -54,7 +54,9 @@ ours = [m for name, m in sorted(sys.modules.items()) if name.startswith("vllm_pa
 shim = sys.modules.get("vllm_padplugin.shim")
 print("PADPLUGIN_LOAD_PROBE " + json.dumps({
     "drift_cache": (getattr(shim, "LAST", {}) or {}).get("cache") if shim else None,
-    "plugin_bytecode": sum(os.path.exists(importlib.util.cache_from_source(m.__file__)) for m in ours) / max(1, len(ours)),
+    # share of our loaded modules with an up-to-date .pyc (a stale or missing one is compiled at every start)
+    "plugin_bytecode": sum(os.path.exists(c) and os.path.getmtime(c) >= os.path.getmtime(m.__file__)
+                           for m in ours for c in [importlib.util.cache_from_source(m.__file__)]) / max(1, len(ours)),
     "import_vllm_s": t1 - t0, "platform_s": t2 - t1, "general_plugins_s": t3 - t2, "total_s": t3 - t0,
     "in_plugin_hooks_s": sum(end - start for _, start, end in spans),
     "hooks_called": [(name, "during import vllm" if start < t1 else "after") for name, start, _ in spans],
