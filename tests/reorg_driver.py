@@ -1,6 +1,6 @@
 """Run the REAL installed vLLM after a package reorganisation, with or without the plugin.
 
-    python tests/reorg_driver.py engine|router [--shim alias|getattr|reexport] [--remove NAME]
+    python tests/reorg_driver.py engine|router [--shim alias|getattr|reexport] [--remove NAME] [--fused-moe]
 
 The installed vLLM package is copied as a symlink farm and reorganised by
 ``reorg_tree.build`` (the moves vLLM main's snapshots show: forward_context, envs,
@@ -17,6 +17,10 @@ plugin reads its files, as it would read a newer vLLM.
   test_router_masking (CPU-only machine: GroupedTopKRouter is only built off-CPU), mode
   forced to backport, DeepEP v2 set through vLLM's config (imported from its NEW path).
 
+``--fused-moe``: the MoE layer package moves too (``vllm.model_executor.layers.fused_moe`` ->
+``vllm.runtime.modeling.layers.fused_moe``): the router factory AND its binding site (layer.py)
+live elsewhere; the plugin must find both.
+
 Prints ``RESULT=<json>``.
 """
 from __future__ import annotations
@@ -31,8 +35,10 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-LAYER = "vllm.model_executor.layers.fused_moe.layer"
-RF = "vllm.model_executor.layers.fused_moe.router.router_factory"
+FUSED_MOE = "vllm.model_executor.layers.fused_moe"
+FUSED_MOE_NEW = "vllm.runtime.modeling.layers.fused_moe"
+LAYER = f"{FUSED_MOE}.layer"
+RF = f"{FUSED_MOE}.router.router_factory"
 NEW_FC = "vllm.runtime.execution.forward_context"
 NEW_CONFIG = "vllm.foundation.config"
 
@@ -46,7 +52,7 @@ class Lines(logging.Handler):
         self.lines.append(f"{record.levelname} {record.getMessage()}")
 
 
-def reorganise(shim: str | None, remove: str | None) -> str:
+def reorganise(shim: str | None, remove: str | None, fused_moe: bool = False) -> str:
     sys.path.insert(0, str(HERE))
     import reorg_tree
 
@@ -56,7 +62,8 @@ def reorganise(shim: str | None, remove: str | None) -> str:
         return reuse
     root = Path(reuse) if reuse else Path(tempfile.mkdtemp(prefix="padplugin-reorg-vllm-",
                                                            dir=os.environ.get("REORG_TREE_DIR")))
-    moves = reorg_tree.with_shims(reorg_tree.MAIN_MOVES, shim) if shim else reorg_tree.MAIN_MOVES
+    moves = reorg_tree.MAIN_MOVES + ((reorg_tree.Move(FUSED_MOE, FUSED_MOE_NEW),) if fused_moe else ())
+    moves = reorg_tree.with_shims(moves, shim) if shim else moves
     reorg_tree.build(site, root, moves)
     if remove:
         reorg_tree.remove_symbol(root, "", remove, f"{remove}_gone")
@@ -76,14 +83,15 @@ def engine_run() -> dict:
     return {"generated_token_ids": [list(o.outputs[0].token_ids) for o in outs]}
 
 
-def router_run() -> dict:
+def router_run(fused_moe: bool = False) -> dict:
     import torch
     from test_router_masking import E, G, K, PAD, TOPG, NotCpuPlatform, inputs, mask
 
     from vllm_padplugin.router_override import is_ours
 
-    layer = importlib.import_module(LAYER)
-    rf = importlib.import_module(RF)
+    base = FUSED_MOE_NEW if fused_moe else FUSED_MOE
+    layer = importlib.import_module(LAYER.replace(FUSED_MOE, base))
+    rf = importlib.import_module(RF.replace(FUSED_MOE, base))
     fc = importlib.import_module(NEW_FC)
     cfg = importlib.import_module(NEW_CONFIG)
     rf.current_platform = NotCpuPlatform(rf.current_platform)
@@ -120,10 +128,11 @@ def main() -> int:
     what = args[0]
     shim = args[args.index("--shim") + 1] if "--shim" in args else None
     remove = args[args.index("--remove") + 1] if "--remove" in args else None
+    fused_moe = "--fused-moe" in args
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     sys.path.insert(0, str(HERE))
-    root = reorganise(shim, remove)
+    root = reorganise(shim, remove, fused_moe)
     sys.path.insert(0, root)
     os.environ["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])
     handler = Lines()
@@ -137,8 +146,8 @@ def main() -> int:
         result["vllm_file"] = vllm.__file__
         result["old_paths_importable"] = {
             m: importlib.util.find_spec(m) is not None
-            for m in ("vllm.forward_context", "vllm.envs", "vllm.platforms", "vllm.config")}
-        result.update(engine_run() if what == "engine" else router_run())
+            for m in ("vllm.forward_context", "vllm.envs", "vllm.platforms", "vllm.config", FUSED_MOE)}
+        result.update(engine_run() if what == "engine" else router_run(fused_moe))
     except Exception as exc:
         import traceback
 

@@ -13,6 +13,8 @@ it in a fresh interpreter:
   backport; the factory module's platform is the FAKE ``NotCpuPlatform`` proxy of
   test_router_masking, since GroupedTopKRouter is only built off-CPU): padded rows masked,
   real rows identical to upstream's router; also with main's "sys.modules alias" shims;
+- the MoE layer package moves too (factory AND binding site elsewhere): routers still built
+  through our factory at the layer's new home, same tokens, masking correct;
 - a symbol really removed (renamed everywhere) is still red: one warning naming it.
 """
 from __future__ import annotations
@@ -65,6 +67,8 @@ def runs(vllm, tmp_path_factory) -> dict:
     out["engine_off"] = _run(tmp, "engine", tree="plain", VLLM_PLUGINS="lora_filesystem_resolver")
     out["router"] = _run(tmp, "router", tree="plain", PADPLUGIN_FORCE_MODE="backport")
     out["router_alias"] = _run(tmp, "router", "--shim", "alias", tree="alias", PADPLUGIN_FORCE_MODE="backport")
+    out["engine_fused_moe"] = _run(tmp, "engine", "--fused-moe", tree="fused_moe")
+    out["router_fused_moe"] = _run(tmp, "router", "--fused-moe", tree="fused_moe", PADPLUGIN_FORCE_MODE="backport")
     out["router_removed"] = _run(tmp, "router", "--remove", "is_forward_context_available", tree="removed",
                                  PADPLUGIN_FORCE_MODE="backport")
     return out
@@ -81,7 +85,7 @@ def _plugin_warnings(res) -> list[str]:
 def test_engine_runs_from_the_reorganised_tree(runs):
     res = runs["engine_on"]
     assert res["vllm_file"].startswith(res["root"])
-    assert res["old_paths_importable"] == {m: False for m in MOVES}   # really moved, no shim
+    assert {m: res["old_paths_importable"][m] for m in MOVES} == {m: False for m in MOVES}   # really moved
 
 
 def test_engine_plugin_active_one_info_per_move_no_warning(runs):
@@ -106,7 +110,7 @@ def test_engine_tokens_identical_with_and_without_plugin(runs):
     assert all(len(t) == 8 for t in on["generated_token_ids"])
 
 
-@pytest.mark.parametrize("case", ["router", "router_alias"])
+@pytest.mark.parametrize("case", ["router", "router_alias", "router_fused_moe"])
 def test_router_masking_correct_on_reorganised_tree(runs, case):
     res = runs[case]
     assert res["layer_factory_is_ours"] and res["router_class"] == "GroupedTopKRouter"
@@ -117,7 +121,7 @@ def test_router_masking_correct_on_reorganised_tree(runs, case):
 
 def test_alias_shims_are_followed_to_the_defining_module(runs):
     res = runs["router_alias"]
-    assert res["old_paths_importable"] == {m: True for m in MOVES}
+    assert {m: res["old_paths_importable"][m] for m in MOVES} == {m: True for m in MOVES}
     moved = [d for d in res["report"]["drift"] if d["kind"] == "symbol-moved"]
     assert {d["symbol"] for d in moved} == MOVES and all(d["via"] == "shim" for d in moved)
 
@@ -130,3 +134,19 @@ def test_really_removed_symbol_is_red_one_warning(runs):
     assert "symbol-removed" in w and "is_forward_context_available" in w
     # the plugin falls back (catches the missing-context error) and still masks
     assert res["padded_rows_masked"] and res["real_rows_equal_upstream"]
+
+
+def test_factory_and_layer_moved_too_binding_site_found(runs):
+    """``fused_moe`` (router factory + layer.py) moved to vllm.runtime.modeling.layers: the
+    plugin wraps the factory and rebinds the layer where they are now; same tokens."""
+    res, off = runs["engine_fused_moe"], runs["engine_off"]
+    rep = res["report"]
+    assert res["old_paths_importable"]["vllm.model_executor.layers.fused_moe"] is False
+    new = "vllm.runtime.modeling.layers.fused_moe"
+    assert f"{new}.layer.create_fused_moe_router" in rep["binding_sites"], rep["binding_sites"]
+    assert rep["factory_calls"] == N_MOE_LAYERS and rep["errors"] == []
+    assert all(sev == "info" for _, sev, _ in _drift(res)) and _plugin_warnings(res) == []
+    moved = {d["symbol"]: d["moved_to"] for d in rep["drift"] if d["kind"] == "symbol-moved"}
+    assert moved["vllm.model_executor.layers.fused_moe.layer"] == [f"{new}.layer"]
+    assert moved["vllm.model_executor.layers.fused_moe.router.router_factory"] == [f"{new}.router.router_factory"]
+    assert res["generated_token_ids"] == off["generated_token_ids"]

@@ -144,7 +144,9 @@ def relocate(view, surface=SURFACE, search=None) -> Relocation:
             rel.locations[key] = dataclasses.replace(loc, module=next(iter(homes[s.module])), old=s.module)
     moved_modules = {loc.old: loc.module for loc in rel.moved() if not loc.qualname}
     for s in surface:
-        if s.use == Use.REBIND and s.sites:
+        # known sites follow a move; a known site absent from an unmoved tree is normal (step5
+        # mega_moe exists since 0.33 only) and is not searched for
+        if s.use == Use.REBIND and s.sites and (rel.locations[s.key].status == MOVED or moved_modules):
             fac = rel.symbol(s.key)
             rel.sites[s.key] = tuple(moved_modules.get(site) or relocate_site(view, site, fac, search)
                                      for site in s.sites)
