@@ -177,3 +177,18 @@ def test_compat_against_facts_of_real_main(tmp_path):
     assert got["vllm.config"]["moved_to"] == ["vllm.foundation.config.vllm"]
     # the router factory and the layer did not move on main: no finding for them
     assert not any("fused_moe" in f["symbol"] for f in doc["findings"])
+
+
+def test_factory_and_layer_module_moved_too(releases_dir, tmp_path):
+    """Goal 2: the MoE layer package moves as well: the factory and its binding site (layer.py)
+    are found at the new home; the known site is relocated (no "new binding site" finding)."""
+    new = "vllm.runtime.modeling.layers.fused_moe"
+    moves = reorg_tree.MAIN_MOVES + (reorg_tree.Move("vllm.model_executor.layers.fused_moe", new),)
+    code, doc = _compat(reorg_tree.build(releases_dir / "0.32.0", tmp_path / "fm", moves))
+    assert code == 0 and doc["breaking"] == 0, doc["findings"]
+    got = moved(doc)
+    old = "vllm.model_executor.layers.fused_moe"
+    assert got[f"{old}.router.router_factory"]["moved_to"] == [f"{new}.router.router_factory"]
+    assert got[f"{old}.layer"]["moved_to"] == [f"{new}.layer"]
+    assert got[f"{old}.router.grouped_topk_router"]["moved_to"] == [f"{new}.router.grouped_topk_router"]
+    assert {f["kind"] for f in doc["findings"]} == {"symbol-moved"} and doc["mode"] == "native"

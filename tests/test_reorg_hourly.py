@@ -43,3 +43,23 @@ def test_move_is_green_with_the_commit_that_moved_it(tmp_path):
     (mv,) = [f for f in again.result["findings"] if f.get("status") == "moved"]
     assert mv.get("moved_note") == "already moved at the last-good commit"
     assert "## Moved upstream (1)" in again.report
+
+
+def test_compat_git_names_the_commit_where_it_moved(tmp_path):
+    """``compat --git good..bad``: the move's finding carries the first commit where it moved."""
+    import json
+
+    from vllm_padplugin.cli.compat import run_compat
+
+    vllm = FakeVllmRepo(tmp_path / "vllm")
+    c0 = vllm.clean()
+    vllm.unrelated(1)
+    c2 = vllm.move("vllm/forward_context.py", "vllm/runtime/execution/forward_context.py", "[Refactor] move")
+    c3 = vllm.unrelated(2)
+    out, code = run_compat(git=vllm.path, good=c0, bad=c3, fmt="json")
+    doc = json.loads(out)
+    assert code == 0 and doc["breaking"] == 0
+    (mv,) = [f for f in doc["findings"] if f.get("status") == "moved"]
+    assert mv["first_bad_commit"] == c2 and mv["commit_subject"] == "[Refactor] move"
+    text, _ = run_compat(git=vllm.path, good=c0, bad=c3, fmt="text")
+    assert f"moved in commit: {c2}" in text and "symbol-moved: vllm.forward_context" in text
