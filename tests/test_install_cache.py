@@ -134,11 +134,12 @@ def test_concurrent_stores_and_loads(cache, tmp_path):
     """Many processes storing and loading the same entry at once: every load sees a whole entry
     (or none), every store succeeds, no temp file is left."""
     root = _install(tmp_path)
+    ident = ic.identity(root)   # one identity for all (the plugin's code may be edited meanwhile)
     code = f"""
 import json, sys
 sys.path.insert(0, {str(REPO)!r})
 from vllm_padplugin import install_cache as ic
-ident = ic.identity({str(root)!r})
+ident = json.loads({json.dumps(json.dumps(ident))})
 data = {{"payload": "x" * 200000}}
 bad = 0
 for i in range(40):
@@ -155,4 +156,4 @@ print(json.dumps({{"bad": bad}}))
         assert json.loads(out)["bad"] == 0
     d = cache / "install" / "drift"
     assert [p.name for p in d.iterdir() if p.name.startswith(".tmp-")] == []
-    assert ic.load("drift", ic.identity(root)) == {"payload": "x" * 200000}
+    assert ic.load("drift", ident) == {"payload": "x" * 200000}

@@ -144,7 +144,8 @@ def surface_hash() -> str:
 def _vllm_version(root: Path) -> str | None:
     mod = sys.modules.get("vllm")
     version = getattr(mod, "__version__", None) if mod is not None else None
-    if version:
+    file = getattr(mod, "__file__", None) or ""
+    if version and os.path.realpath(file).startswith(str(root) + os.sep):   # the imported vLLM is this one
         return str(version)
     try:  # generated at build time; read, not imported
         text = (root / "vllm" / "_version.py").read_text(encoding="utf-8", errors="replace")
