@@ -63,3 +63,27 @@ def test_compat_git_names_the_commit_where_it_moved(tmp_path):
     assert mv["first_bad_commit"] == c2 and mv["commit_subject"] == "[Refactor] move"
     text, _ = run_compat(git=vllm.path, good=c0, bad=c3, fmt="text")
     assert f"moved in commit: {c2}" in text and "symbol-moved: vllm.forward_context" in text
+
+
+def test_compat_git_still_sees_an_ambiguity_at_bad(tmp_path):
+    """Intermediate commits reuse a neighbour's verified home (speed); --bad is resolved from
+    scratch, so a second candidate appearing there is still a red symbol-ambiguous."""
+    import json
+
+    from vllm_padplugin.cli.compat import run_compat
+
+    vllm = FakeVllmRepo(tmp_path / "vllm")
+    c0 = vllm.clean()
+    vllm.move("vllm/forward_context.py", "vllm/runtime/execution/forward_context.py", "[Refactor] move")
+    vllm.unrelated(1)
+    text = (vllm.path / "vllm/runtime/execution/forward_context.py").read_text()
+    vllm.write("vllm/runtime/legacy/__init__.py", "")
+    vllm.write("vllm/runtime/legacy/forward_context.py", text)
+    c3 = vllm.commit("[Misc] add a copy of the forward context")
+    out, code = run_compat(git=vllm.path, good=c0, bad=c3, fmt="json")
+    doc = json.loads(out)
+    assert code == 1
+    amb = [f for f in doc["findings"] if f["kind"] == "symbol-ambiguous"]
+    assert amb and all(f["first_bad_commit"] == c3 for f in amb)
+    assert all(f["candidates"] == ["vllm.runtime.execution.forward_context", "vllm.runtime.legacy.forward_context"]
+               for f in amb)

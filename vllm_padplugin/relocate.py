@@ -125,13 +125,21 @@ class Relocation:
 
 # -- resolution -------------------------------------------------------------------------
 
-def relocate(view, surface=SURFACE, search=None) -> Relocation:
+def relocate(view, surface=SURFACE, search=None, prior: Relocation | None = None) -> Relocation:
     """Resolve every entry of ``surface`` against ``view`` (a compat StaticView or RuntimeView).
 
-    ``search(name, want)`` finds candidate modules (default: ``static_search`` over the view)."""
+    ``search(name, want)`` finds candidate modules (default: ``static_search`` over the view).
+    ``prior``: the relocation of a neighbouring commit (``compat --git``): a home found there that
+    still fits here is taken without a new search (ambiguity is checked at the commits that do
+    search, always at ``--bad``/HEAD)."""
     search = search or (lambda name, kind: static_search(view, name, kind))
     rel = Relocation(base=tuple(surface))
     for s in surface:
+        loc = prior.locations.get(s.key) if prior is not None else None
+        if (loc is not None and loc.status == MOVED and loc.via == "search"
+                and not _still_at_known_path(view, s) and _fits_location(view, s, loc.module)):
+            rel.locations[s.key] = loc
+            continue
         rel.locations[s.key] = resolve_symbol(view, s, search)
     # a symbol found nowhere whose module-mates all moved to ONE new module is reported as
     # removed from THAT module (not "module gone"): the move is known, the symbol is not there
@@ -226,6 +234,20 @@ def relocate_site(view, site: str, factory: Symbol, search) -> str:
         return site
     cands = [m for m in view.binding_sites(factory.module, factory.qualname) if _same_tail(m, site)]
     return cands[0] if len(cands) == 1 else site
+
+
+def _still_at_known_path(view, s: Symbol) -> bool:
+    if s.kind == Kind.ENV:
+        return view.env_default(s.qualname, s.module)[0]
+    return view.has_module(s.module) and (not s.qualname or view.lookup(s.module, s.qualname) is not None)
+
+
+def _fits_location(view, s: Symbol, module: str) -> bool:
+    if s.kind == Kind.ENV:
+        return view.env_default(s.qualname, module)[0]
+    if not s.qualname:
+        return view.has_module(module)
+    return _fits(view, s, module)
 
 
 def _fits(view, s: Symbol, module: str) -> bool:

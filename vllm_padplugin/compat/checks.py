@@ -341,5 +341,6 @@ def relocation_for(view, surface: Iterable[Symbol] = SURFACE):
         return _relocate.installed()
     memo = view.__dict__.setdefault("_relocations", {})   # one resolution per view and surface
     if surface not in memo:
-        memo[surface] = _relocate.relocate(view, surface)
+        prior = getattr(view, "prior_relocations", {}).get(surface)   # compat --git: a neighbour's
+        memo[surface] = _relocate.relocate(view, surface, prior=prior)
     return memo[surface]
