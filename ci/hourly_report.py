@@ -103,6 +103,21 @@ def render(result: dict) -> str:
         lines += ["## Breaking findings", "", "None: the plugin's upstream surface is intact at this commit.", ""]
     elif result["status"] != "skipped":
         lines += ["## Breaking findings", "", "Unknown: the static check did not complete (see its step below).", ""]
+    moves = [f for f in info if f.get("kind") == "symbol-moved" and f.get("status") == "moved"]
+    info = [f for f in info if f not in moves]
+    if moves:
+        lines += [f"## Moved upstream ({len(moves)}): followed, no action needed", "",
+                  "The plugin found these where vLLM keeps them now (same kind, same parameters and members) "
+                  "and patches them there; each is information, not a failure.", "",
+                  "| moved from | now at | what | found via | first commit where it moved |",
+                  "|---|---|---|---|---|"]
+        for f in moves:
+            when = (_commit(f["moved_in"], url, f.get("moved_subject", "")) if f.get("moved_in")
+                    else _escape(f.get("moved_note") or "not searched"))
+            lines.append(f"| `{_escape(f.get('moved_from') or f.get('symbol', '?'))}` | "
+                         f"`{_escape(', '.join(f.get('moved_to') or []))}` | "
+                         f"{_escape(', '.join(f.get('names') or []))} | {_escape(f.get('via', ''))} | {when} |")
+        lines.append("")
     if info:
         lines += [f"<details><summary>Info findings ({len(info)}): no action needed</summary>", ""]
         lines += [f"- `{_escape(f.get('symbol', '?'))}` {_escape(f.get('kind', '?'))}: {_escape(f.get('detail', ''))}"

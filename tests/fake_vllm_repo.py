@@ -51,6 +51,19 @@ def set_forward_context(attn_metadata, vllm_config, num_tokens=None, is_padding=
     global _CTX
     _CTX = create_forward_context(attn_metadata, vllm_config, num_tokens, is_padding=is_padding)
 ''',
+    "vllm/platforms/__init__.py": '''from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    current_platform: object
+
+
+def __getattr__(name):
+    if name == "current_platform":
+        return object()
+    raise AttributeError(name)
+''',
+    "vllm/config/__init__.py": "from vllm.config.vllm import get_current_vllm_config\n",
+    "vllm/config/vllm.py": "def get_current_vllm_config():\n    return None\n",
     "vllm/model_executor/__init__.py": "",
     "vllm/model_executor/layers/__init__.py": "",
     f"{FM}/__init__.py": "",
@@ -169,6 +182,22 @@ class FakeVllmRepo:
         text = (self.path / rel).read_text()
         assert old in text, f"fixture edit does not apply to {rel}: {old!r}"
         self.write(rel, text.replace(old, new))
+        return self.commit(subject)
+
+    def move(self, old: str, new: str, subject: str, rewrite: tuple[str, ...] = ()) -> str:
+        """``git mv`` a module file (new parent packages get an ``__init__.py``); ``rewrite``:
+        files whose ``old`` dotted path is replaced by the new one (their imports)."""
+        dst = self.path / new
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        for d in [dst.parent, *dst.parent.parents]:
+            if d == self.path / "vllm" or self.path / "vllm" not in d.parents:
+                break
+            if not (d / "__init__.py").exists():
+                (d / "__init__.py").write_text("")
+        self.git("mv", old, new)
+        dotted = lambda rel: rel[:-3].replace("/", ".")  # noqa: E731
+        for rel in rewrite:
+            self.write(rel, (self.path / rel).read_text().replace(dotted(old), dotted(new)))
         return self.commit(subject)
 
     def restore(self, subject: str) -> str:

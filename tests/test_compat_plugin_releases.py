@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_padplugin.cmd_compat import run_compat
+from vllm_padplugin.cli.compat import run_compat
 
 PLUGIN = Path(__file__).resolve().parent / "fixtures" / "plugin_shapes" / "release_plugin"
 

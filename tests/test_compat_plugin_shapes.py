@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_padplugin.cmd_compat import run_compat
+from vllm_padplugin.cli.compat import run_compat
 
 FX = Path(__file__).resolve().parent / "fixtures" / "plugin_shapes"
 TREE = FX / "vllm_tree"

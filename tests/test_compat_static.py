@@ -12,7 +12,7 @@ import json
 import pytest
 
 from compat_helpers import FX, PLUGINS, make_tree
-from vllm_padplugin.cmd_compat import run_compat
+from vllm_padplugin.cli.compat import run_compat
 
 # (overlay, plugin fixture or None = our own registry, kind, severity, symbol suffix, item)
 CASES = [
@@ -22,9 +22,10 @@ CASES = [
     ("param_removed", None, "param-removed", "breaking", "create_forward_context", "is_padding"),
     ("param_removed", "clean", "param-removed", "breaking", "create_forward_context", "is_padding"),
     ("param_required", "clean", "param-made-required", "breaking", "create_forward_context", "num_tokens"),
-    ("symbol_moved", None, "symbol-moved", "breaking", "create_fused_moe_router", None),
+    # a verified move of OUR registry's symbol is followed (info); another plugin still breaks
+    ("symbol_moved", None, "symbol-moved", "info", "router.router_factory", None),
     ("symbol_moved", "clean", "symbol-moved", "breaking", "create_fused_moe_router", None),
-    ("lazy_shim", None, "module-lazy-shim", "breaking", "fused_moe.layer", None),
+    ("lazy_shim", None, "symbol-moved", "info", "fused_moe.layer", None),
     ("lazy_shim", "clean", "module-lazy-shim", "breaking", "layer.create_fused_moe_router", None),
     ("new_binding_site", None, "new-binding-site", "info", "new_site.create_fused_moe_router",
      "vllm.models.demo.new_site"),

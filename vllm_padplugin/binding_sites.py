@@ -6,7 +6,7 @@ Why all three mechanisms below, and why no import-time text scan of vLLM:
    create_fused_moe_router`` and hold the original object; we scan the
    ``vllm*`` modules in ``sys.modules`` (identity + name match, ~ms).
 2. ``when_imported``: when the factory's module is not imported yet, a wrapt
-   post-import hook installs the wrapper right after ``router_factory`` executes,
+   post-import hook (``import_hooks``) installs the wrapper right after ``router_factory`` executes,
    i.e. before ``fused_moe.layer`` (mid-import) and any later binding site (e.g.
    ``models/step5/nvidia/mega_moe.py`` in 0.33+) read the name.  Every module
    imported afterwards copies OUR wrapper, so new binding sites a later vLLM adds are
@@ -106,16 +106,11 @@ def set_assign_hook(hook: Callable[[types.ModuleType, str, Any], Any] | None) ->
 
 
 def when_imported(module_name: str, callback: Callable[[types.ModuleType], None]) -> bool:
-    """Run ``callback(module)`` now if imported, else right after it is imported (wrapt).
+    """Run ``callback(module)`` now if imported, else right after it is imported (import_hooks).
     Returns True when it ran now."""
-    mod = sys.modules.get(module_name)
-    if mod is not None and not _being_imported(mod):
-        callback(mod)
-        return True
-    import wrapt
+    from vllm_padplugin.import_hooks import when_imported as _when_imported  # no wrapt at load
 
-    wrapt.register_post_import_hook(callback, module_name)
-    return False
+    return _when_imported(module_name, callback)
 
 
 def _being_imported(mod: types.ModuleType) -> bool:
@@ -146,15 +141,5 @@ def holders(is_ours: Callable[[Any], bool]) -> list[tuple[types.ModuleType, str]
     return [(mod, attr) for mod, attr, value in vllm_globals() if is_ours(value)]
 
 
-def safe_hook(fn: Callable[[types.ModuleType], Any]) -> Callable[[types.ModuleType], None]:
-    """A post-import callback that can never break vLLM's import (one warning; strict raises)."""
-
-    def hook(module: types.ModuleType) -> None:
-        try:
-            fn(module)
-        except Exception as exc:
-            from vllm_padplugin.plugin import _fail
-
-            _fail(f"post-import hook for {getattr(module, '__name__', module)}", exc)
-
-    return hook
+# A post-import callback that can never break vLLM's import: lives with failure recording.
+safe_hook = state.safe_hook

@@ -56,14 +56,19 @@ def mode_for(device_type: str, upstream_masks: bool) -> str:
 def current_device_type() -> str:
     """``vllm.platforms.current_platform.device_type`` (resolves the platform: never
     call this from a platform hook)."""
-    from vllm.platforms import current_platform
+    from vllm_padplugin import relocate
 
+    mod = importlib.import_module(relocate.module_of("current_platform"))  # vllm.platforms, or its new home
+    current_platform = getattr(mod, "current_platform")
     return str(getattr(current_platform, "device_type", "") or "")
 
 
 def resolve(key: str) -> object | None:
-    """The live object of surface entry ``key`` (imports its module), or None if gone."""
-    sym = surface.get(key)
+    """The live object of surface entry ``key`` at its current home (``relocate``: imports its
+    module), or None if gone."""
+    from vllm_padplugin import relocate
+
+    sym = relocate.where(key)
     try:
         obj: object = importlib.import_module(sym.module)
         for part in sym.qualname.split(".") if sym.qualname else ():
@@ -87,7 +92,9 @@ def _source_file(module: str) -> Path | None:
 
 
 def _accepts_from_source(key: str, qualname: str | None = None) -> bool | None:
-    sym = surface.get(key)
+    from vllm_padplugin import relocate
+
+    sym = relocate.where(key)
     path = _source_file(sym.module)
     if path is None:
         return None
@@ -104,7 +111,9 @@ def upstream_masks_natively() -> bool:
     Looks at upstream's factory (the innermost function behind any wrapper, ours
     or another plugin's), not at a replacement, so the answer is about vLLM.
     """
-    fac_mod = surface.get("router_factory").module
+    from vllm_padplugin import relocate
+
+    fac_mod = relocate.module_of("router_factory")
     if fac_mod in sys.modules:
         factory = resolve("router_factory")
         router = resolve("grouped_topk_router")

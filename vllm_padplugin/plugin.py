@@ -11,7 +11,14 @@ vLLM calls platform-plugin hooks, then general-plugin hooks, once per process; w
 
 Every hook is idempotent (one installation per process) and never takes vLLM
 down: any exception becomes ONE warning naming the cause and vLLM keeps upstream
-behaviour; with ``PADPLUGIN_STRICT=1`` it raises.
+behaviour; with ``PADPLUGIN_STRICT=1`` it raises (``state.fail``, the one home of
+failure recording).
+
+Load cost matters (every vLLM process pays it: front end, engine core, each worker):
+this module imports only ``state`` at import time; the drift check answers from the
+per-install cache when the installed files are unchanged (``shim``, ``install_cache``);
+post-import hooks come from ``import_hooks`` (no wrapt); patch and compat modules are
+imported when used.
 """
 from __future__ import annotations
 
@@ -22,22 +29,10 @@ from vllm_padplugin import state
 logger = logging.getLogger("vllm_padplugin")
 
 
-STRICT_MARK = "__padplugin_strict__"
-
-
-def _fail(where: str, exc: BaseException) -> None:
-    # Strict mode's error is raised once and passed up unchanged by the outer hooks
-    # (not re-wrapped into a nested message).
-    if getattr(exc, STRICT_MARK, False):
-        raise exc
-    msg = f"{where} failed ({type(exc).__name__}: {exc})"
-    with state.LOCK:
-        state.STATE.errors.append(msg)
-    if state.strict():
-        err = RuntimeError(f"vllm_padplugin: {msg} [PADPLUGIN_STRICT=1]")
-        setattr(err, STRICT_MARK, True)
-        raise err from exc
-    logger.warning("vllm_padplugin: %s; vLLM continues with upstream behaviour", msg)
+# The one home of failure recording is ``state``; kept here under the old names for callers
+# outside the package (tests).
+_fail = state.fail
+_patch_failed = state.patch_failed
 
 
 def on_platform_hook() -> None:
@@ -47,16 +42,15 @@ def on_platform_hook() -> None:
             if state.STATE.platform_hook_ran:
                 return
             state.STATE.platform_hook_ran = True
-        import wrapt
+        from vllm_padplugin import relocate
+        from vllm_padplugin.import_hooks import when_imported
 
-        from vllm_padplugin import surface
-        from vllm_padplugin.binding_sites import safe_hook
-
-        # Never run now (the platform may be resolving): only once the factory module is imported.
-        hook = safe_hook(lambda _m: ensure_installed("post-import"))
-        wrapt.register_post_import_hook(hook, surface.get("router_factory").module)
+        # Never run now (the platform may be resolving): only once the factory module is imported
+        # (where the installed vLLM keeps it: relocate follows moves, reading files only).
+        when_imported(relocate.module_of("router_factory"),
+                      state.safe_hook(lambda _m: ensure_installed("post-import")))
     except Exception as exc:
-        _fail("platform hook", exc)
+        state.fail("platform hook", exc)
 
 
 def on_general_hook() -> None:
@@ -65,7 +59,7 @@ def on_general_hook() -> None:
             state.STATE.general_hook_ran = True
         ensure_installed("general hook")
     except Exception as exc:
-        _fail("general hook", exc)
+        state.fail("general hook", exc)
 
 
 def make_env():
@@ -98,16 +92,16 @@ def ensure_installed(source: str = "general hook") -> None:
         try:
             _check_drift(env)
         except Exception as exc:
-            _fail("drift check", exc)
+            state.fail("drift check", exc)
         from vllm_padplugin.patches import apply_all
 
-        applied, _sites = apply_all(env, _patch_failed)
+        applied, _sites = apply_all(env, state.patch_failed)
         with state.LOCK:
             state.STATE.applied_patches = applied
         logger.info("vllm_padplugin: mode %s on %s (vLLM %s) via %s; patches: %s",
                     env.mode, env.device_type, env.vllm_version, source, ", ".join(applied) or "none")
     except Exception as exc:
-        _fail(f"installation ({source})", exc)
+        state.fail(f"installation ({source})", exc)
     finally:
         _write_report()
 
@@ -124,31 +118,10 @@ def _check_drift(env) -> None:
     shim.emit(findings, env.strict)
 
 
-def _patch_failed(where: str, exc: BaseException) -> None:
-    """A patch that fails on a symbol the drift check already warned about (breaking) is
-    recorded in the report but not warned about again: one cause, one warning."""
-    from vllm_padplugin.patches import load
-
-    try:
-        keys = set(load(where.removeprefix("patch ")).surface_keys)
-    except Exception:
-        keys = set()
-    with state.LOCK:
-        warned = [d for d in state.STATE.drift if d.get("severity") == "breaking" and d.get("key") in keys]
-    if not warned or state.strict():
-        _fail(where, exc)
-        return
-    msg = f"{where} failed ({type(exc).__name__}: {exc})"
-    with state.LOCK:
-        state.STATE.errors.append(msg)
-    logger.info("vllm_padplugin: %s (cause warned above: %s); vLLM continues with upstream behaviour",
-                msg, warned[0].get("kind"))
-
-
 def _write_report() -> None:
     try:
         from vllm_padplugin.report import write_report_file
 
         write_report_file()
     except Exception as exc:
-        _fail("writing the report file", exc)
+        state.fail("writing the report file", exc)

@@ -64,7 +64,7 @@ def _binding_sites() -> list[str]:
     sites = list(state.STATE.binding_sites)
     if state.STATE.factory_installed:
         from vllm_padplugin.binding_sites import holders, site_name
-        from vllm_padplugin.router_override import is_ours
+        from vllm_padplugin.marks import is_ours
 
         sites += [s for s in (site_name(m, a) for m, a in holders(is_ours)) if s not in sites]
     return sites

@@ -22,28 +22,30 @@ from typing import Any, Callable
 
 from vllm_padplugin import routing, state, surface
 from vllm_padplugin.compat_utils import accepts_kwarg, innermost, split_call, with_parameter
+from vllm_padplugin.marks import FACTORY_MARK, is_ours
 
 logger = logging.getLogger("vllm_padplugin")
 
 SKIP = "skip_padding"
-OURS = "__padplugin_factory__"
+OURS = FACTORY_MARK
 FACTORY_NAME = surface.get("router_factory").qualname
 FACTORY_MODULE = surface.get("router_factory").module
 
 _nesting = threading.local()  # >0 while one of our wrappers is building a router
 
 
-def is_ours(func: Any) -> bool:
-    """Our wrapper?  Reads the function's own __dict__ only: vLLM has lazy placeholder
-    modules/objects whose ``__getattr__`` raises non-AttributeError exceptions."""
-    return isinstance(func, types.FunctionType) and bool(func.__dict__.get(OURS, False))
+def _factory_module() -> str:
+    """Where the installed vLLM defines the factory now (``relocate``: moves are followed)."""
+    from vllm_padplugin import relocate
+
+    return relocate.module_of("router_factory")
 
 
 def is_upstream_factory(func: Any) -> bool:
     """The function defined in upstream's router_factory module (not a wrapper)."""
     return (
         isinstance(func, types.FunctionType)
-        and func.__module__ == FACTORY_MODULE
+        and func.__module__ in (FACTORY_MODULE, _factory_module())
         and func.__qualname__ == FACTORY_NAME
         and not is_ours(func)
     )

@@ -88,9 +88,9 @@ def deepep_v2_active(vllm_config: Any = None) -> bool:
     """
     if vllm_config is None:
         try:
-            from vllm.config import get_current_vllm_config
+            from vllm_padplugin.platforms import resolve
 
-            vllm_config = get_current_vllm_config()
+            vllm_config = resolve("get_current_vllm_config")()   # vllm.config, or its new home
         except Exception:  # no config at all: nothing can be DeepEP v2
             return False
     pc = getattr(vllm_config, "parallel_config", None)
@@ -130,6 +130,9 @@ def deepep_v2_active(vllm_config: Any = None) -> bool:
 def _class_of(sym: surface.Symbol) -> type | None:
     import importlib
 
+    from vllm_padplugin import relocate
+
+    sym = relocate.where(sym.key)
     try:
         return getattr(importlib.import_module(sym.module), sym.qualname.split(".")[0])
     except (ImportError, AttributeError):

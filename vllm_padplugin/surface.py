@@ -54,6 +54,7 @@ class Symbol:
     sites: tuple[str, ...] = ()           # REBIND: binding sites known to us (others: info)
     backport: tuple[str, ...] = ()        # params our backport supplies when upstream lacks them:
                                           # their absence is info in backport mode, breaking in native
+    lazy: bool = False                    # provided by the module's __getattr__ by design (read only)
 
     @property
     def path(self) -> str:
@@ -218,6 +219,25 @@ SURFACE: tuple[Symbol, ...] = (
         use=Use.READ,
         why="Masking applies only when the all2all backend is DeepEP v2 (it skips -1 ids).",
         on_change="We fall back to parallel_config.all2all_backend == 'deepep_v2'.",
+    ),
+    Symbol(
+        key="current_platform",
+        module="vllm.platforms",
+        qualname="current_platform",
+        kind=Kind.FIELD,
+        use=Use.READ,
+        why="The loader reads current_platform.device_type to choose the mode (lazy module attribute).",
+        lazy=True,
+        on_change="Mode detection falls back to passthrough (no masking), one warning.",
+    ),
+    Symbol(
+        key="get_current_vllm_config",
+        module="vllm.config",
+        qualname="get_current_vllm_config",
+        kind=Kind.FUNCTION,
+        use=Use.CALL,
+        why="The router reads the current vLLM config to know whether DeepEP v2 is the all2all backend.",
+        on_change="No config readable: DeepEP v2 is assumed off, nothing is masked.",
     ),
     Symbol(
         key="fused_moe_layer",

@@ -40,11 +40,14 @@ def _f(kind, symbol, detail, severity, fix, key="", item="", **extra) -> Finding
 
 
 def check_presence(view, module: str, qualname: str, *, optional=False, moved_to=(), use="read",
-                   key="") -> tuple[list[Finding], object]:
-    """Module/symbol removed or moved, or a lazy forwarding shim in the way of patching."""
+                   key="", lazy_ok=False) -> tuple[list[Finding], object]:
+    """Module/symbol removed or moved, or a lazy forwarding shim in the way of patching.
+    ``lazy_ok``: the name is provided by the module's ``__getattr__`` by design (read only)."""
     path = f"{module}.{qualname}" if qualname else module
     out: list[Finding] = []
     head = qualname.split(".")[0] if qualname else ""
+    if lazy_ok and head and view.has_module(module) and view.lazy_module(module):
+        return out, True
     moved = [m for m in moved_to if view.lookup(*m.split(":", 1)) is not None]
     if not view.has_module(module) or (head and view.lookup(module, qualname) is None):
         missing_mod = not view.has_module(module)
@@ -197,8 +200,8 @@ def check_propagation(view, module: str, qualname: str, callee: str, params: Ite
     return out
 
 
-def check_env(view, name: str, default: str | None, *, key="") -> list[Finding]:
-    present, upstream_default = view.env_default(name)
+def check_env(view, name: str, default: str | None, *, key="", module: str = "vllm.envs") -> list[Finding]:
+    present, upstream_default = view.env_default(name, module)
     if not present:
         return [_f(ENV_REMOVED, f"vllm.envs.{name}", f"{name} is no longer declared in vllm/envs.py",
                    "breaking", f"Read {name} directly from os.environ (keeping its old default) or follow "
@@ -213,12 +216,13 @@ def check_env(view, name: str, default: str | None, *, key="") -> list[Finding]:
 
 # -- our own registry ---------------------------------------------------------
 
-def masking_mode(view) -> str:
+def masking_mode(view, relocation=None) -> str:
     """'native' when upstream's factory and GroupedTopKRouter both take skip_padding, else 'backport'."""
-    from ..surface import get
     lookup = getattr(view, "upstream_lookup", view.lookup)   # runtime: upstream's, not our wrapper
+    if relocation is None:
+        relocation = relocation_for(view)
     for key in ("router_factory", "grouped_topk_router"):
-        s = get(key)
+        s = relocation.symbol(key)
         info = lookup(s.module, s.qualname)
         if info is None or info.params is None or not accepts(info.params, "skip_padding"):
             return "backport"
@@ -271,7 +275,7 @@ def check_sig_change(path: str, old: list[Param], new: list[Param], s: Symbol, k
 
 def check_symbol(view, s: Symbol, mode: str, baseline: Baseline | None = None) -> list[Finding]:
     out, info = check_presence(view, s.module, s.qualname, optional=s.optional, moved_to=s.moved_to,
-                               use=s.use.value, key=s.key)
+                               use=s.use.value, key=s.key, lazy_ok=s.lazy)
     if info is None:
         return out
     path = s.path
@@ -295,12 +299,26 @@ def check_symbol(view, s: Symbol, mode: str, baseline: Baseline | None = None) -
 
 
 def check_surface(view, surface: Iterable[Symbol] = SURFACE, baseline: Baseline | None = None) -> list[Finding]:
-    """Every drift class over the registry (the masking mode decides backport-covered severities)."""
-    mode = masking_mode(view)
-    out: list[Finding] = []
-    for s in surface:
+    """Every drift class over the registry (the masking mode decides backport-covered severities).
+
+    Each entry is first resolved where this vLLM keeps it now (``relocate``): a verified move
+    is one info finding and the entry is checked at its new home; an ambiguous one is one
+    breaking finding; a symbol found nowhere is reported as before (removed: breaking)."""
+    from .. import relocate as _relocate
+
+    rel = relocation_for(view, surface)
+    mode = masking_mode(view, rel if rel.base == SURFACE else None)
+    out: list[Finding] = rel.findings()
+    for s in rel.surface():
+        if rel.locations[s.key].status == _relocate.AMBIGUOUS:
+            continue
         if s.kind == Kind.ENV:
-            out += check_env(view, s.qualname, s.default, key=s.key)
+            old = next(x for x in rel.base if x.key == s.key)
+            out += check_env(view, s.qualname, s.default, key=s.key, module=s.module)
+            if s.module != old.module:   # keep the stable symbol name of the env finding
+                for f in out:
+                    if f.key == s.key and f.kind in (ENV_REMOVED, ENV_DEFAULT):
+                        f.extra.setdefault("moved_to", [s.module])
             continue
         out += check_symbol(view, s, mode, baseline)
     seen, uniq = set(), []
@@ -310,3 +328,19 @@ def check_surface(view, surface: Iterable[Symbol] = SURFACE, baseline: Baseline 
             seen.add(i)
             uniq.append(f)
     return uniq
+
+
+def relocation_for(view, surface: Iterable[Symbol] = SURFACE):
+    """The relocation of ``surface`` on ``view``: the runtime view (the loaded vLLM) shares the
+    process's one resolution of the installed vLLM (``relocate.installed``), static views
+    resolve afresh."""
+    from .. import relocate as _relocate
+
+    surface = tuple(surface)
+    if hasattr(view, "upstream_lookup") and surface == SURFACE:   # shim.RuntimeView
+        return _relocate.installed()
+    memo = view.__dict__.setdefault("_relocations", {})   # one resolution per view and surface
+    if surface not in memo:
+        prior = getattr(view, "prior_relocations", {}).get(surface)   # compat --git: a neighbour's
+        memo[surface] = _relocate.relocate(view, surface, prior=prior)
+    return memo[surface]

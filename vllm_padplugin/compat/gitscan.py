@@ -161,10 +161,16 @@ def scan(repo: str | Path, good: str, bad: str, surface=SURFACE, check=None,
         baseline = Baseline.of(base_view, surface)
         run = check or (lambda view, bl: check_surface(view, surface, bl))
 
+        last: dict = {}   # the relocations of the last commit checked: hints for the next one
+
         def at(rev: str) -> dict[tuple, Finding]:
             if rev not in cache:
                 view = base_view if rev == g else StaticView(Tree(GitReader(repo, rev, cat, prefix)))
+                # good and bad are always resolved from scratch (ambiguity checked there)
+                view.prior_relocations = dict(last) if rev not in (g, b) else {}
                 found = run(view, baseline)
+                last.clear()
+                last.update(view.__dict__.get("_relocations", {}))
                 errors.extend(f"{rev[:12]}: {e}" for e in view.tree.errors)
                 cache[rev] = {ident(f): f for f in found}
             return cache[rev]

@@ -44,7 +44,8 @@ def as_text(findings: list[Finding], meta: dict, resolved: list[Finding] = ()) -
         if f.fix:
             lines.append(f"    fix: {f.fix}")
         if f.first_bad_commit:
-            lines.append(f"    first bad commit: {_commit(f)}")
+            moved = f.extra.get("status") == "moved"   # a move the plugin follows: not "bad"
+            lines.append(f"    {'moved in commit' if moved else 'first bad commit'}: {_commit(f)}")
         if f.extra.get("plugin_site"):
             lines.append(f"    plugin site: {f.extra['plugin_site']}")
     for f in resolved:
@@ -65,7 +66,8 @@ def as_markdown(findings: list[Finding], meta: dict, resolved: list[Finding] = (
         lines += [f"### [{f.severity}] {f.kind}: `{f.symbol}`", "",
                   f"- **Root cause:** {f.detail}"]
         if f.first_bad_commit:
-            lines.append(f"- **Culprit commit:** `{f.first_bad_commit}`"
+            lines.append(f"- **{'Moved in commit' if f.extra.get('status') == 'moved' else 'Culprit commit'}:** "
+                         f"`{f.first_bad_commit}`"
                          + (f" ({f.extra['commit_subject']})" if f.extra.get("commit_subject") else "")
                          + (" (already present at the good revision)" if f.extra.get("before_good") else ""))
         if f.extra.get("plugin_site"):

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Protocol
 
+from ..install_cache import note, recording_active as recording
 from .sigdiff import (KEYWORD_ONLY, POSITIONAL_ONLY, POSITIONAL_OR_KEYWORD, VAR_KEYWORD,
                       VAR_POSITIONAL, Param)
 
@@ -36,9 +37,11 @@ class DirReader:
         self.root = Path(root)
         self._files: list[str] | None = None
         self._grep: dict[str, list[str]] = {}
+        self._bytes: dict[str, bytes] | None = None
 
     def read(self, relpath: str) -> str | None:
         p = self.root / relpath
+        note(p)  # the per-install cache: an answer read from this file is valid while it is unchanged
         try:
             return p.read_text(encoding="utf-8", errors="replace")
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
@@ -56,20 +59,27 @@ class DirReader:
         return self._files
 
     def grep(self, word: str) -> list[str]:
+        if recording():  # the per-install cache: a search depends on every file (and directory)
+            files = [self.root / rel for rel in self._all()]
+            note(*files, *{f.parent for f in files})
         if word not in self._grep:
             self._grep[word] = self._scan(word)
         return self._grep[word]
 
     def _scan(self, word: str) -> list[str]:
-        hits = []
-        for rel in self._all():
-            try:
-                with open(self.root / rel, "rb") as fh:
-                    if word.encode() in fh.read():
-                        hits.append(rel)
-            except OSError:
-                continue
-        return hits
+        # the first scan keeps the bytes: later words (a relocation search asks several) are
+        # looked up in memory instead of re-reading every file
+        if self._bytes is None:
+            self._bytes = {}
+            root = str(self.root)
+            for rel in self._all():
+                try:
+                    with open(os.path.join(root, rel), "rb") as fh:
+                        self._bytes[rel] = fh.read()
+                except OSError:
+                    continue
+        w = word.encode()
+        return [rel for rel, data in self._bytes.items() if w in data]
 
     def label(self) -> str:
         return str(self.root)

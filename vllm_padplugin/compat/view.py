@@ -110,9 +110,15 @@ class StaticView:
         return self.tree.find_definitions(name)
 
     # -- env -------------------------------------------------------------
-    def env_default(self, name: str) -> tuple[bool, str | None]:
-        """(present, default text) of ``name`` in ``vllm/envs.py``'s environment_variables."""
-        text = self.tree._text("vllm/envs.py")
+    def env_default(self, name: str, module: str = "vllm.envs") -> tuple[bool, str | None]:
+        """(present, default text) of ``name`` in ``module``'s (``vllm/envs.py``) environment_variables."""
+        from .source import module_paths
+
+        text = None
+        for rel in module_paths(module):
+            text = self.tree._text(rel)
+            if text is not None:
+                break
         if text is None:
             return False, None
         if name not in text:
@@ -120,7 +126,7 @@ class StaticView:
         fast = _env_entry(text, name)     # envs.py is large: parse only the dict entry
         if fast is not None:
             return True, _getenv_default(fast, name)
-        m = self.tree.module("vllm.envs")
+        m = self.tree.module(module)
         if m is None:
             return False, None
         for node in ast.walk(m.tree):

@@ -50,8 +50,7 @@ def apply_on_import(module_name: str, patch_module: Callable[[object], list[str]
     def apply(env: Env) -> list[str]:
         import sys
 
-        import wrapt
-
+        from vllm_padplugin.import_hooks import when_imported
         from vllm_padplugin.state import warn_once
 
         def hook(module) -> None:
@@ -63,7 +62,7 @@ def apply_on_import(module_name: str, patch_module: Callable[[object], list[str]
                 warn_once(f"{module_name}:drift", "vllm_padplugin: %s backport not applied: %s", what, exc)
 
         already = module_name in sys.modules
-        wrapt.register_post_import_hook(hook, module_name)  # runs now if already imported
+        when_imported(module_name, hook)  # runs now if already imported
         return list(applied) if already else [f"{module_name} (on import)"]
 
     return apply

@@ -68,7 +68,10 @@ def propagate(ubatch_metadata, ubatch_slices, is_padding) -> int:
 def _make_ubatch_metadata(wrapped, instance, args, kwargs):
     metadata = wrapped(*args, **kwargs)
     try:
-        from vllm.forward_context import get_forward_context, is_forward_context_available
+        from vllm_padplugin.platforms import resolve
+
+        get_forward_context = resolve("get_forward_context")
+        is_forward_context_available = resolve("is_forward_context_available")
 
         if is_forward_context_available():
             slices = args[0] if args else kwargs["ubatch_slices"]

@@ -8,8 +8,12 @@ import types
 from typing import Any, Callable
 
 from vllm_padplugin import binding_sites, state, surface
+from vllm_padplugin.marks import is_ours
 from vllm_padplugin.patches.base import Env, Patch
-from vllm_padplugin.router_override import FACTORY_MODULE, FACTORY_NAME, is_ours, is_upstream_factory, upstream_of, wrap_factory
+
+# router_override (and routing, torch ops) is imported when the factory module is, not at load
+FACTORY_MODULE = surface.get("router_factory").module
+FACTORY_NAME = surface.get("router_factory").qualname
 
 logger = logging.getLogger("vllm_padplugin")
 
@@ -25,6 +29,8 @@ def _foreign(value: Any) -> bool:
 
 def install(module: types.ModuleType) -> list[str]:
     """Wrap the factory in ``module`` (router_factory) and every binding site; guard them."""
+    from vllm_padplugin.router_override import is_upstream_factory, upstream_of, wrap_factory
+
     with state.LOCK:
         current = getattr(module, FACTORY_NAME)
         by_name = binding_sites.find_sites((current,), names=(FACTORY_NAME,))
@@ -60,7 +66,7 @@ def install(module: types.ModuleType) -> list[str]:
     # Known binding sites are guarded even when mid-import (fused_moe.layer usually is right
     # now: its own ``from ... import`` writes its globals directly, a later assignment by
     # another plugin goes through the guard); not-yet-imported ones right after import.
-    for modname in KNOWN_SITE_MODULES:
+    for modname in known_site_modules():
         mod = sys.modules.get(modname)
         if mod is not None:
             binding_sites.guard(mod, FACTORY_NAME)
@@ -73,6 +79,21 @@ def install(module: types.ModuleType) -> list[str]:
 KNOWN_SITE_MODULES = surface.get("router_factory_binding_sites").sites
 
 
+def known_site_modules() -> tuple[str, ...]:
+    """The known binding sites where the installed vLLM keeps them now (the layer module may
+    move with or without the factory: ``relocate``)."""
+    from vllm_padplugin import relocate
+
+    return relocate.where("router_factory_binding_sites").sites
+
+
+def factory_module() -> str:
+    """The factory's module in the installed vLLM: the registry's path, or where it moved."""
+    from vllm_padplugin import relocate
+
+    return relocate.module_of("router_factory")
+
+
 safe_hook = binding_sites.safe_hook  # re-export
 
 
@@ -83,12 +104,13 @@ def _qual(f: Any) -> str:
 def _apply(env: Env) -> list[str]:
     from vllm_padplugin.platforms import _source_file
 
-    if FACTORY_MODULE not in sys.modules and _source_file(FACTORY_MODULE) is None:
+    module = factory_module()
+    if module not in sys.modules and _source_file(module) is None:
         raise LookupError(
-            f"{FACTORY_MODULE} not found in the installed vLLM {env.vllm_version} "
-            "(moved or removed): MoE routers are built without the plugin"
+            f"{FACTORY_MODULE} not found in the installed vLLM {env.vllm_version} (removed, or moved "
+            f"where no static search finds {FACTORY_NAME}): MoE routers are built without the plugin"
         )
-    ran_now = binding_sites.when_imported(FACTORY_MODULE, _install_hook)
+    ran_now = binding_sites.when_imported(module, _install_hook)
     return list(state.STATE.binding_sites) if ran_now else []
 
 
@@ -98,9 +120,7 @@ def _install_hook(module: types.ModuleType) -> None:
     try:
         install(module)
     except Exception as exc:
-        from vllm_padplugin.plugin import _patch_failed
-
-        _patch_failed(f"patch {PATCH.name}", exc)
+        state.patch_failed(f"patch {PATCH.name}", exc)
 
 
 PATCH = Patch(
@@ -109,7 +129,7 @@ PATCH = Patch(
     why="Every MoE layer builds its router through create_fused_moe_router; wrapping it is the "
     "one place to accept skip_padding on every vLLM and to mask routers upstream does not.",
     how="Wrap (never copy) the installed factory with upstream's signature (+skip_padding), rebind "
-    "every vllm module attribute holding it, install lazily via a wrapt post-import hook, and guard "
+    "every vllm module attribute holding it, install lazily via a post-import hook, and guard "
     "the binding sites so a later foreign assignment is wrapped too.",
     related_pr="vLLM PR #56079 (skip_padding, vLLM 0.31)",
     future_plan="Keep while vLLM < 0.31 is supported or other plugins replace the factory; in native "

@@ -57,6 +57,8 @@ def load(
     repeats: int = typer.Option(10, "--repeats", "-n", min=1, help="Fresh processes per variant (median)."),
     json_file: Optional[Path] = typer.Option(None, "--json", help="Write the measurement as JSON here."),
     explain: bool = typer.Option(True, "--explain/--no-explain", help="Also list modules only the plugin imports."),
+    cache_off: bool = typer.Option(True, "--cache-off/--no-cache-off",
+                                   help="Also time loads with PADPLUGIN_INSTALL_CACHE=0 (an install's first process)."),
 ) -> None:
     """Time import vllm + platform resolution + plugin loading, plugin allowed vs excluded."""
     from rich.console import Console
@@ -68,7 +70,7 @@ def load(
     if not console.is_terminal:
         console = Console(width=140)
     try:
-        doc = bench.run(python, repeats)
+        doc = bench.run(python, repeats, cache_off=cache_off)
         if explain:
             doc["explain"] = bench.explain(python)
     except bench.LoadBenchError as exc:
@@ -82,19 +84,29 @@ def load(
         table.add_row(phase[:-2], f"{1000 * off[phase]:.1f}", f"{1000 * on[phase]:.1f}",
                       f"{1000 * (on[phase] - off[phase]):+.1f}")
     console.print(table)
+    target = doc["target_pct"]
+
     def verdict(pct: float) -> str:
-        return "[green]within[/green]" if pct <= 2 else "[red]over[/red]"
+        return "[green]within[/green]" if pct <= target else "[red]over[/red]"
 
     console.print(f"overhead, whole start-up (median on / median off total): {doc['overhead_pct']:+.2f} % "
-                  f"({doc['overhead_ms']:+.1f} ms), {verdict(doc['overhead_pct'])} the 2 % target")
+                  f"({doc['overhead_ms']:+.1f} ms), {verdict(doc['overhead_pct'])} the {target:g} % target "
+                  "(machine noise in 'import vllm' dominates this figure)")
+    lo, hi = doc["in_plugin_hooks_ms_min_max"]
     console.print(f"time inside the plugin's hooks (median, {', '.join(f'{n} {w}' for n, w in doc['hooks_called'])}): "
-                  f"{doc['in_plugin_hooks_ms']:.1f} ms = {doc['in_plugin_hooks_pct']:.2f} % of vLLM's own start-up, "
-                  f"{verdict(doc['in_plugin_hooks_pct'])} the 2 % target")
+                  f"{doc['in_plugin_hooks_ms']:.1f} ms ({lo:.1f}-{hi:.1f}) = {doc['in_plugin_hooks_pct']:.2f} % of vLLM's "
+                  f"own start-up, {verdict(doc['in_plugin_hooks_pct'])} the {target:g} % target "
+                  f"(drift check: {', '.join(doc['drift_cache'])}; plugin bytecode present: "
+                  f"{100 * doc['plugin_bytecode']:.0f} %)")
+    if doc.get("cache_off"):
+        c = doc["cache_off"]
+        console.print(f"  with PADPLUGIN_INSTALL_CACHE=0 (an install's first process; the full drift check): "
+                      f"{c['in_plugin_hooks_ms']:.1f} ms = {c['in_plugin_hooks_pct']:.2f} %")
     if doc["hook_overhead_pct"] is None:
         console.print("hook-phase difference: n/a (this vLLM runs our hooks inside 'import vllm')")
     else:
         console.print(f"hook-phase difference (platform + general plugins, on - off): {doc['hook_overhead_pct']:+.2f} % "
-                      f"({doc['hook_overhead_ms']:+.1f} ms), {verdict(doc['hook_overhead_pct'])} the 2 % target")
+                      f"({doc['hook_overhead_ms']:+.1f} ms), {verdict(doc['hook_overhead_pct'])} the {target:g} % target")
     if explain:
         ex = doc["explain"]
         console.print(f"modules imported only with the plugin on: {ex['extra_module_count']}, "

@@ -25,7 +25,7 @@ def installed_vllm_root() -> Path:
     """Where the installed vllm package lives, found without importing it."""
     import importlib.util
 
-    from .compat.source import SourceError
+    from vllm_padplugin.compat.source import SourceError
 
     try:
         spec = importlib.util.find_spec("vllm")
@@ -38,21 +38,21 @@ def installed_vllm_root() -> Path:
 
 def run_compat(vllm_src=None, git=None, good=None, bad=None, plugin_src=None, fmt="text") -> tuple[str, int]:
     """The whole command as a function: (rendered output, exit code)."""
-    from .compat import checks, render
-    from .compat.source import DirReader, SourceError, Tree, locate_vllm_root, read_version
-    from .compat.view import StaticView
+    from vllm_padplugin.compat import checks, render
+    from vllm_padplugin.compat.source import DirReader, SourceError, Tree, locate_vllm_root, read_version
+    from vllm_padplugin.compat.view import StaticView
 
     try:
         check = None
         if plugin_src is not None:
-            from .compat.plugin_scan import check_plugin, scan_plugin
+            from vllm_padplugin.compat.plugin_scan import check_plugin, scan_plugin
 
             uses = scan_plugin(plugin_src)
             check = lambda view, baseline=None: check_plugin(view, uses, str(plugin_src))  # noqa: E731
         if git is not None:
             if not good or not bad:
                 raise SourceError("--git needs both --good REV and --bad REV")
-            from .compat.gitscan import scan
+            from vllm_padplugin.compat.gitscan import scan
 
             res = scan(git, good, bad, check=check)
             bad_errs = [e for e in res.errors if e.startswith(res.bad[:12])]

@@ -1,7 +1,8 @@
 """``vllm-padplugin``: report, compat and bench commands.
 
-Each command lives in its own ``cmd_*`` module, which registers itself on ``app``;
-heavy imports (torch, vLLM) happen inside the commands, never here.
+Each command lives in its own module of this package (``cli.report``, ``cli.compat``,
+``cli.bench``), which registers itself on ``app``; heavy imports (torch, vLLM) happen
+inside the commands, never here.  ``python -m vllm_padplugin.cli`` runs ``main``.
 """
 from __future__ import annotations
 
@@ -16,15 +17,14 @@ bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks (print a table, w
 app.add_typer(bench_app, name="bench")
 
 
+COMMANDS = ("report", "compat", "bench")   # modules of this package; each defines register(app, bench_app)
+
+
 def _register() -> None:
     import importlib
-    import pkgutil
 
-    import vllm_padplugin
-
-    for mod in pkgutil.iter_modules(vllm_padplugin.__path__):
-        if mod.name.startswith("cmd_"):
-            importlib.import_module(f"vllm_padplugin.{mod.name}").register(app, bench_app)
+    for name in COMMANDS:
+        importlib.import_module(f"{__name__}.{name}").register(app, bench_app)
 
 
 def main() -> None:
