@@ -5,7 +5,7 @@ Why all three mechanisms below, and why no import-time text scan of vLLM:
 1. ``rebind_loaded``: modules already imported did ``from ... import
    create_fused_moe_router`` and hold the original object; we scan the
    ``vllm*`` modules in ``sys.modules`` (identity + name match, ~ms).
-2. ``when_imported``: when the factory's module is not imported yet, a wrapt
+2. ``when_imported``: when the factory's module is not imported yet, a
    post-import hook (``import_hooks``) installs the wrapper right after ``router_factory`` executes,
    i.e. before ``fused_moe.layer`` (mid-import) and any later binding site (e.g.
    ``models/step5/nvidia/mega_moe.py`` in 0.33+) read the name.  Every module
