@@ -173,17 +173,17 @@ def test_hook_exception_keeps_upstream_and_warns_once(env, caplog):
     warning naming the cause, and vLLM's factory stays upstream's."""
     import logging
 
-    from vllm_padplugin import plugin
+    from vllm_padplugin import state
     from vllm_padplugin.patches import apply_all
     from vllm_padplugin.patches.base import Env
 
     env["mp"].delattr(env["rf"], "create_fused_moe_router")
     with caplog.at_level(logging.WARNING, logger="vllm_padplugin"):
-        apply_all(Env("x", "cpu", "backport", False), plugin._fail)
+        apply_all(Env("x", "cpu", "backport", False), state.fail)
     msgs = [r.getMessage() for r in caplog.records if r.name == "vllm_padplugin"]
     assert len(msgs) == 1 and "AttributeError" in msgs[0] and "router_factory" in msgs[0]
     assert "vLLM continues with upstream behaviour" in msgs[0]
     assert env["layer"].create_fused_moe_router is env["upstream"]
     with pytest.raises(RuntimeError, match="STRICT"):
         env["mp"].setenv("PADPLUGIN_STRICT", "1")
-        apply_all(Env("x", "cpu", "backport", True), plugin._fail)
+        apply_all(Env("x", "cpu", "backport", True), state.fail)

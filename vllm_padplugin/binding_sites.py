@@ -5,8 +5,8 @@ Why all three mechanisms below, and why no import-time text scan of vLLM:
 1. ``rebind_loaded``: modules already imported did ``from ... import
    create_fused_moe_router`` and hold the original object; we scan the
    ``vllm*`` modules in ``sys.modules`` (identity + name match, ~ms).
-2. ``when_imported``: when the factory's module is not imported yet, a
-   post-import hook (``import_hooks``) installs the wrapper right after ``router_factory`` executes,
+2. ``import_hooks.when_imported``: when the factory's module is not imported yet, a
+   post-import hook installs the wrapper right after ``router_factory`` executes,
    i.e. before ``fused_moe.layer`` (mid-import) and any later binding site (e.g.
    ``models/step5/nvidia/mega_moe.py`` in 0.33+) read the name.  Every module
    imported afterwards copies OUR wrapper, so new binding sites a later vLLM adds are
@@ -105,19 +105,6 @@ def set_assign_hook(hook: Callable[[types.ModuleType, str, Any], Any] | None) ->
     _on_assign = hook
 
 
-def when_imported(module_name: str, callback: Callable[[types.ModuleType], None]) -> bool:
-    """Run ``callback(module)`` now if imported, else right after it is imported (import_hooks).
-    Returns True when it ran now."""
-    from vllm_padplugin.import_hooks import when_imported as _when_imported  # no wrapt at load
-
-    return _when_imported(module_name, callback)
-
-
-def _being_imported(mod: types.ModuleType) -> bool:
-    spec = getattr(mod, "__spec__", None)
-    return bool(getattr(spec, "_initializing", False))
-
-
 def guard_holders(is_ours: Callable[[Any], bool]) -> list[str]:
     """Guard and record every vllm module attribute that holds one of our wrappers.
 
@@ -139,7 +126,3 @@ def guard_holders(is_ours: Callable[[Any], bool]) -> list[str]:
 def holders(is_ours: Callable[[Any], bool]) -> list[tuple[types.ModuleType, str]]:
     """(module, attr) of every vllm module attribute holding one of our wrappers (read only)."""
     return [(mod, attr) for mod, attr, value in vllm_globals() if is_ours(value)]
-
-
-# A post-import callback that can never break vLLM's import: lives with failure recording.
-safe_hook = state.safe_hook

@@ -197,12 +197,15 @@ def vllm_root() -> Path | None:
     return Path(list(spec.submodule_search_locations)[0]).parent
 
 
-def _key(ident: dict[str, Any]) -> str:
-    return hashlib.blake2b(json.dumps(ident, sort_keys=True, default=str).encode(), digest_size=12).hexdigest()
+def digest(data: Any) -> str:
+    """Short stable hash of JSON-able ``data`` (entry names; a computation's inputs in an identity)."""
+    return hashlib.blake2b(json.dumps(data, sort_keys=True, default=str).encode(), digest_size=12).hexdigest()
+
+
 
 
 def entry_path(kind: str, ident: dict[str, Any]) -> Path:
-    return kind_dir(kind) / f"{_key(ident)}.json"
+    return kind_dir(kind) / f"{digest(ident)}.json"
 
 
 # ---------------------------------------------------------------- load / store

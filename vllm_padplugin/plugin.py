@@ -29,12 +29,6 @@ from vllm_padplugin import state
 logger = logging.getLogger("vllm_padplugin")
 
 
-# The one home of failure recording is ``state``; kept here under the old names for callers
-# outside the package (tests).
-_fail = state.fail
-_patch_failed = state.patch_failed
-
-
 def on_platform_hook() -> None:
     """Record the call; arrange installation right after the router factory is imported."""
     try:

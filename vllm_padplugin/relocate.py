@@ -200,6 +200,11 @@ def resolve_symbol(view, s: Symbol, search) -> Location:
     else:
         cands = [m for m in search(head, "member" if "." in s.qualname else "top") if m != s.module]
         cands = [m for m in cands if _fits(view, s, m)]
+    return _from_search(s, cands)
+
+
+def _from_search(s: Symbol, cands) -> Location:
+    """One candidate: moved there; several: ambiguous (never a guess); none: missing."""
     cands = sorted(set(cands))
     if len(cands) == 1:
         return Location(s.key, cands[0], s.qualname, MOVED, "search", s.module)
@@ -218,13 +223,8 @@ def _resolve_env(view, s: Symbol, search) -> Location:
         mod = hint.partition(":")[0]
         if view.env_default(s.qualname, mod)[0]:
             return Location(s.key, mod, s.qualname, MOVED, "hint", s.module)
-    cands = sorted({m for m in search(s.qualname, "module") if _same_tail(m, s.module)
-                    and m != s.module and view.env_default(s.qualname, m)[0]})
-    if len(cands) == 1:
-        return Location(s.key, cands[0], s.qualname, MOVED, "search", s.module)
-    if len(cands) > 1:
-        return Location(s.key, s.module, s.qualname, AMBIGUOUS, old=s.module, candidates=tuple(cands))
-    return Location(s.key, s.module, s.qualname, MISSING)
+    return _from_search(s, [m for m in search(s.qualname, "module") if _same_tail(m, s.module)
+                            and m != s.module and view.env_default(s.qualname, m)[0]])
 
 
 def relocate_site(view, site: str, factory: Symbol, search) -> str:

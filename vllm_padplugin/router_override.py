@@ -27,25 +27,20 @@ from vllm_padplugin.marks import FACTORY_MARK, is_ours
 logger = logging.getLogger("vllm_padplugin")
 
 SKIP = "skip_padding"
-OURS = FACTORY_MARK
 FACTORY_NAME = surface.get("router_factory").qualname
 FACTORY_MODULE = surface.get("router_factory").module
 
 _nesting = threading.local()  # >0 while one of our wrappers is building a router
 
 
-def _factory_module() -> str:
-    """Where the installed vLLM defines the factory now (``relocate``: moves are followed)."""
+def is_upstream_factory(func: Any) -> bool:
+    """The function defined in upstream's router_factory module (not a wrapper), at the
+    registry's path or where the installed vLLM moved it (``relocate``)."""
     from vllm_padplugin import relocate
 
-    return relocate.module_of("router_factory")
-
-
-def is_upstream_factory(func: Any) -> bool:
-    """The function defined in upstream's router_factory module (not a wrapper)."""
     return (
         isinstance(func, types.FunctionType)
-        and func.__module__ in (FACTORY_MODULE, _factory_module())
+        and func.__module__ in (FACTORY_MODULE, relocate.module_of("router_factory"))
         and func.__qualname__ == FACTORY_NAME
         and not is_ours(func)
     )
@@ -140,7 +135,7 @@ def wrap_factory(inner: Callable, upstream: Callable | None = None) -> Callable:
         return router
 
     create_fused_moe_router.__signature__ = sig  # type: ignore[attr-defined]
-    setattr(create_fused_moe_router, OURS, True)
+    setattr(create_fused_moe_router, FACTORY_MARK, True)
     create_fused_moe_router.__padplugin_inner__ = inner  # type: ignore[attr-defined]
     return create_fused_moe_router
 

@@ -99,13 +99,9 @@ def _relocation_digest() -> str | None:
     once per process and cached per install on its own dependencies): the findings were computed for
     one relocation and are reused for that one only."""
     try:
-        import hashlib
-        import json
-
         from . import relocate
 
-        data = json.dumps(relocate.to_dict(relocate.installed()), sort_keys=True, default=str)
-        return hashlib.blake2b(data.encode(), digest_size=12).hexdigest()
+        return install_cache.digest(relocate.to_dict(relocate.installed()))
     except Exception:   # no relocation module / it failed: the check itself will say so
         return None
 

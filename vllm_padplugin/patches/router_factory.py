@@ -8,6 +8,7 @@ import types
 from typing import Any, Callable
 
 from vllm_padplugin import binding_sites, state, surface
+from vllm_padplugin.import_hooks import when_imported
 from vllm_padplugin.marks import is_ours
 from vllm_padplugin.patches.base import Env, Patch
 
@@ -71,30 +72,17 @@ def install(module: types.ModuleType) -> list[str]:
         if mod is not None:
             binding_sites.guard(mod, FACTORY_NAME)
         else:
-            binding_sites.when_imported(modname, safe_hook(lambda m: binding_sites.guard(m, FACTORY_NAME)))
+            when_imported(modname, state.safe_hook(lambda m: binding_sites.guard(m, FACTORY_NAME)))
     return sorted(set(done))
 
 
 # The registry's known binding sites (layer.py; step5 mega_moe since 0.33): one list, in surface.py.
-KNOWN_SITE_MODULES = surface.get("router_factory_binding_sites").sites
-
-
 def known_site_modules() -> tuple[str, ...]:
     """The known binding sites where the installed vLLM keeps them now (the layer module may
     move with or without the factory: ``relocate``)."""
     from vllm_padplugin import relocate
 
     return relocate.where("router_factory_binding_sites").sites
-
-
-def factory_module() -> str:
-    """The factory's module in the installed vLLM: the registry's path, or where it moved."""
-    from vllm_padplugin import relocate
-
-    return relocate.module_of("router_factory")
-
-
-safe_hook = binding_sites.safe_hook  # re-export
 
 
 def _qual(f: Any) -> str:
@@ -104,13 +92,15 @@ def _qual(f: Any) -> str:
 def _apply(env: Env) -> list[str]:
     from vllm_padplugin.platforms import _source_file
 
-    module = factory_module()
+    from vllm_padplugin import relocate
+
+    module = relocate.module_of("router_factory")   # the registry's path, or where it moved
     if module not in sys.modules and _source_file(module) is None:
         raise LookupError(
             f"{FACTORY_MODULE} not found in the installed vLLM {env.vllm_version} (removed, or moved "
             f"where no static search finds {FACTORY_NAME}): MoE routers are built without the plugin"
         )
-    ran_now = binding_sites.when_imported(module, _install_hook)
+    ran_now = when_imported(module, _install_hook)
     return list(state.STATE.binding_sites) if ran_now else []
 
 
