@@ -61,6 +61,10 @@ def sass_counts() -> None:
                 "parts": (m._grouped_topk_parts_kernel, dict(common, BLOCK_M=32 // lanes, P=lanes, SP=E // lanes,
                                                              LPG=lpg, **fast)),
             }
+            rl = m._regs_lanes(E, G, TG, K, vec)
+            if rl:
+                variants["regs"] = (m._grouped_topk_regs_kernel, dict(common, BLOCK_M=32 // rl, P=rl, SP=E // rl,
+                                                                      LPG=0, **fast))
             for name, (fn, ce) in variants.items():
                 sig = {a: "constexpr" for a in fn.arg_names}
                 sig.update({"logits_ptr": f"*{dt}", "bias_ptr": "*fp32", "pad_ptr": "*u8", "w_out_ptr": "*fp32",

@@ -15,6 +15,11 @@ benchmarks/RESULTS.md):
   (``topk`` pops of the lanes' heads); a lane takes its values > ``thr`` and its share of
   the ties at ``thr`` (lowest ids first) and writes them at slots from an exclusive scan
   over the lanes.  ~3x fewer instructions per token than ``tile``.
+* ``regs`` (selectable, not yet timed on a GPU): P lanes per token whose logits stay in
+  registers: each read and put through the sigmoid once (``parts`` recomputes the kept
+  experts' twice), a group's rank from the lane's sorted top-8, a butterfly merge of the
+  lanes' lists (``tl.reduce``), writes by popping a bit mask.  ``topk`` = 8 only.
+  ~275 warp instructions per token for DeepSeek-V3 fp32 against ``parts``' ~350 (SASS).
 * ``rows``: the same with one thread per token (fewest instructions, but too few threads
   to hide latency: slower than ``parts`` everywhere measured; kept selectable).
 
@@ -448,6 +453,66 @@ if HAS_TRITON:
             return (e0, e1, e2, e3, e4, e5, e6, e7)
 
     @triton.jit
+    def _merge8(a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, b4, b5, b6, b7):
+        """Top 8 of two descending 8-lists, descending: pair a_i with b_(7-i) (a bitonic
+        sequence), then half-cleaners at distance 4, 2, 1.  Associative and commutative, so
+        ``tl.reduce`` can use it: a butterfly merge of the lanes' lists in 3 shuffle rounds."""
+        c = (tl.maximum(a0, b7), tl.maximum(a1, b6), tl.maximum(a2, b5), tl.maximum(a3, b4),
+             tl.maximum(a4, b3), tl.maximum(a5, b2), tl.maximum(a6, b1), tl.maximum(a7, b0))
+        for st in tl.static_range(3):
+            nc = ()
+            for i in tl.static_range(8):
+                if (i & (4 >> st)) == 0:
+                    nc = nc + (tl.maximum(c[i], c[i ^ (4 >> st)]),)
+                else:
+                    nc = nc + (tl.minimum(c[i], c[i ^ (4 >> st)]),)
+            c = nc
+        return c
+
+    @triton.jit
+    def _union_slots(Lt, BM: tl.constexpr, TOPK: tl.constexpr, BFLY: tl.constexpr):
+        """Per token, the lanes' sorted lists ``Lt`` (TOPK [BM, P] columns, descending) ->
+        ``thr`` [BM, 1] = the TOPK-th value of their union and, per lane, its count above
+        ``thr``, its count equal to ``thr`` (in its list), the ties it takes (lowest lanes =
+        lowest ids first) and its first output slot.  ``BFLY`` (TOPK = 8): a butterfly merge of
+        the lists (``tl.reduce`` with ``_merge8``); else TOPK pops of the lanes' heads."""
+        NEG: tl.constexpr = float("-inf")
+        if BFLY:
+            U = tl.reduce(Lt, 1, _merge8)
+            thr = U[7]
+            n_gt_all = tl.zeros([BM], tl.int32)
+            for k in tl.static_range(7):
+                n_gt_all += (U[k] > thr).to(tl.int32)
+            need = TOPK - n_gt_all
+        else:
+            H = Lt
+            cum = tl.zeros([BM], tl.int32)
+            thr = tl.full([BM], NEG, tl.float32)
+            for _ in tl.static_range(TOPK):
+                m = tl.max(H[0], axis=1)
+                hit = H[0] == m[:, None]
+                upd = cum < TOPK
+                thr = tl.where(upd, m, thr)
+                cum = tl.where(upd, cum + tl.sum(hit.to(tl.int32), axis=1), cum)
+                nh = ()
+                for k in tl.static_range(TOPK - 1):
+                    nh = nh + (tl.where(hit, H[k + 1], H[k]),)
+                H = nh + (tl.where(hit, NEG, H[TOPK - 1]),)
+        t2 = thr[:, None]
+        n_gt = tl.zeros_like(Lt[0]).to(tl.int32)
+        n_eq = tl.zeros_like(Lt[0]).to(tl.int32)
+        for k in tl.static_range(TOPK):
+            n_gt += (Lt[k] > t2).to(tl.int32)
+            n_eq += (Lt[k] == t2).to(tl.int32)
+        if not BFLY:
+            need = TOPK - tl.sum(n_gt, axis=1)  # ties to take, lowest ids (lanes) first
+        eq_before = tl.cumsum(n_eq, axis=1) - n_eq
+        take_eq = tl.minimum(tl.maximum(need[:, None] - eq_before, 0), n_eq)
+        n_take = n_gt + take_eq
+        off = tl.cumsum(n_take, axis=1) - n_take  # first output slot of each lane
+        return t2, n_gt, n_eq, take_eq, off
+
+    @triton.jit
     def _grouped_topk_parts_kernel(
         logits_ptr,
         bias_ptr,
@@ -557,31 +622,7 @@ if HAS_TRITON:
             if LPG == 0:
                 xv = tl.where(keep[:, :, None], xv, NEG)
             Lt = _keep_best(Lt, _split_lanes(xv, BLOCK_M, P, VEC), VEC, TOPK, LOG_TOPK, MERGE)
-        # thr = the TOPK-th value of the union: TOPK pops of the lanes' heads
-        H = Lt
-        cum = tl.zeros([BLOCK_M], tl.int32)
-        thr = tl.full([BLOCK_M], NEG, tl.float32)
-        for _ in tl.static_range(TOPK):
-            m = tl.max(H[0], axis=1)
-            hit = H[0] == m[:, None]
-            upd = cum < TOPK
-            thr = tl.where(upd, m, thr)
-            cum = tl.where(upd, cum + tl.sum(hit.to(tl.int32), axis=1), cum)
-            nh = ()
-            for k in tl.static_range(TOPK - 1):
-                nh = nh + (tl.where(hit, H[k + 1], H[k]),)
-            H = nh + (tl.where(hit, NEG, H[TOPK - 1]),)
-        t2 = thr[:, None]
-        n_gt = tl.zeros([BLOCK_M, P], tl.int32)
-        n_eq = tl.zeros([BLOCK_M, P], tl.int32)
-        for k in tl.static_range(TOPK):
-            n_gt += (Lt[k] > t2).to(tl.int32)
-            n_eq += (Lt[k] == t2).to(tl.int32)
-        need = TOPK - tl.sum(n_gt, axis=1)  # ties to take, lowest ids (lanes) first
-        eq_before = tl.cumsum(n_eq, axis=1) - n_eq
-        take_eq = tl.minimum(tl.maximum(need[:, None] - eq_before, 0), n_eq)
-        n_take = n_gt + take_eq
-        off = tl.cumsum(n_take, axis=1) - n_take  # first output slot of each lane
+        t2, n_gt, n_eq, take_eq, off = _union_slots(Lt, BLOCK_M, TOPK, False)
 
         # pass 3: each lane writes its taken experts, ascending id
         ok_st = row_ok
@@ -630,6 +671,158 @@ if HAS_TRITON:
                 tl.store(ids_out_ptr + obase + slot, tl.full([BLOCK_M, P], -1, tl.int32), mask=pm)
                 tl.store(w_out_ptr + obase + slot, tl.zeros([BLOCK_M, P], tl.float32), mask=pm)
 
+    @triton.jit
+    def _grouped_topk_regs_kernel(
+        logits_ptr,
+        bias_ptr,
+        pad_ptr,
+        w_out_ptr,
+        ids_out_ptr,
+        T,
+        stride_t,
+        pad_stride,
+        scale,
+        G: tl.constexpr,
+        S: tl.constexpr,
+        TOPK_GROUP: tl.constexpr,
+        TOPK: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        HAS_PAD: tl.constexpr,
+        RENORM: tl.constexpr,
+        SKIP_PADDED_LOADS: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        VEC: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        FAST_SIGMOID: tl.constexpr,
+        MERGE: tl.constexpr,
+        LOG_TOPK: tl.constexpr,
+        P: tl.constexpr,
+        SP: tl.constexpr,
+        LPG: tl.constexpr,
+    ):
+        """P lanes per token, lane p holding experts [p SP, (p + 1) SP) (its group when groups
+        are dropped: P = G) in registers for the whole kernel: every logit is read and put
+        through the sigmoid once.  ``TOPK`` = 8 = the sort chunk.
+
+        A lane loads all its logits at once, sorts its choices to its 8 best (sorting network
+        per 8, bitonic merges); a group's rank is the sum of its list's two heads (its head
+        without a bias); the ``TOPK_GROUP`` best lanes are kept (lowest id on ties), the others'
+        lists emptied; ``thr`` and the lanes' slots come from ``_union_slots``.  A lane then
+        marks its taken experts in a bit mask (>= ``thr``; an exact lowest-id count of the ties
+        only in a block where some lane takes part of its ties) and writes them by popping the
+        mask's lowest bit: a few iterations instead of a store per expert.  The weight of a
+        taken expert is its sigmoid, recomputed from one cached load.  ``LPG`` is unused.
+        """
+        NEG: tl.constexpr = float("-inf")
+        NCH: tl.constexpr = SP // VEC
+        pid = tl.program_id(0)
+        rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rows < T
+        live = row_ok
+        if HAS_PAD:
+            pad = tl.load(pad_ptr + rows.to(tl.int64) * pad_stride, mask=row_ok, other=0) != 0
+            if SKIP_PADDED_LOADS:
+                live = row_ok & (pad == 0)
+        lane = tl.arange(0, P)[None, :]  # [1, P]
+        vv = tl.arange(0, VEC)[None, None, :]
+        e_lane = lane * SP  # first expert of each lane
+        rows64 = rows.to(tl.int64)[:, None]
+        rowp = logits_ptr + rows64[:, :, None] * stride_t + e_lane[:, :, None] + vv  # [BM, P, VEC]
+        # the bias as [BM, P, VEC] too (rows re-read it from L1): a [1, P, VEC] load gets another
+        # layout and a shared-memory conversion per chunk
+        bp = bias_ptr + (e_lane[:, :, None] + vv + 0 * rows[:, None, None])
+        lm = live[:, None, None]
+
+        xs = ()  # every load first: NCH 16-byte loads in flight per lane
+        for ci in tl.static_range(NCH):
+            xs = xs + (tl.load(rowp + ci * VEC, mask=lm, other=0.0),)
+        cv = ()  # the lane's SP choices, ascending expert id
+        for ci in tl.static_range(NCH):
+            xv = _sigmoid_rows(xs[ci].to(tl.float32), FAST_SIGMOID)
+            if HAS_BIAS:
+                xv = xv + tl.load(bp + ci * VEC).to(tl.float32)
+            cv = cv + _split_lanes(xv, BLOCK_M, P, VEC)
+        Lt = _sort_desc((cv[0], cv[1], cv[2], cv[3], cv[4], cv[5], cv[6], cv[7]), 8)
+        for c8 in tl.static_range(8, SP, 8):
+            Lt = _keep_best(Lt, (cv[c8], cv[c8 + 1], cv[c8 + 2], cv[c8 + 3], cv[c8 + 4], cv[c8 + 5], cv[c8 + 6],
+                                 cv[c8 + 7]), 8, TOPK, LOG_TOPK, True)
+
+        if G > TOPK_GROUP:  # P == G: lane = group
+            if HAS_BIAS:
+                r = Lt[0] + Lt[1]
+            else:
+                r = Lt[0]
+            keep = tl.zeros([BLOCK_M, P], dtype=tl.int1)
+            for _ in tl.static_range(TOPK_GROUP):
+                m = tl.max(r, axis=1)
+                gi = tl.min(tl.where(r == m[:, None], lane, P), axis=1)
+                hit = lane == gi[:, None]
+                keep = keep | hit
+                r = tl.where(hit, NEG, r)
+            kl = ()
+            for k in tl.static_range(TOPK):
+                kl = kl + (tl.where(keep, Lt[k], NEG),)
+            Lt = kl
+        else:
+            keep = tl.full([BLOCK_M, P], 1, tl.int1)
+        t2, n_gt, n_eq, take_eq, off = _union_slots(Lt, BLOCK_M, TOPK, True)
+        n_take = n_gt + take_eq
+
+        # the lane's taken experts as bits: all its values >= thr, unless it takes only part of
+        # its ties (or may hold more ties than its list shows): then count them, lowest id first
+        if SP > 32:
+            m = tl.zeros([BLOCK_M, P], tl.int64)
+        else:
+            m = tl.zeros([BLOCK_M, P], tl.int32)
+        tl_ = tl.where(keep, t2, float("inf"))
+        exact = (take_eq == n_eq) & ((n_gt + n_eq < TOPK) | (n_eq == 0))
+        if tl.min(tl.min(exact.to(tl.int32), axis=1), axis=0) == 1:
+            for j in tl.static_range(SP):
+                m = m | ((cv[j] >= tl_).to(m.dtype) << j)
+        else:
+            neq = tl.zeros([BLOCK_M, P], tl.int32)
+            for j in tl.static_range(SP):
+                eq = cv[j] == tl_
+                take = (cv[j] > tl_) | (eq & (neq < take_eq))
+                neq += eq.to(tl.int32)
+                m = m | (take.to(m.dtype) << j)
+
+        ok_st = row_ok
+        if HAS_PAD:
+            ok_st = ok_st & (pad == 0)
+        ok2 = ok_st[:, None] & keep
+        obase = rows64 * TOPK
+        wsum = tl.zeros([BLOCK_M, P], tl.float32)
+        nmax = tl.max(tl.max(tl.where(ok2, n_take, 0), axis=1), axis=0)
+        for it in range(0, nmax):  # pop the lowest set bit: ascending id within the lane
+            low = m & (-m)
+            act = (m != 0) & ok2
+            m = m ^ low
+            j = ((low.to(tl.float32).to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+            eid = e_lane + j
+            x = tl.load(logits_ptr + rows64 * stride_t + eid, mask=act, other=0.0).to(tl.float32)
+            s = _sigmoid_rows(x, FAST_SIGMOID)
+            if not RENORM:
+                s = s * scale
+            tl.store(ids_out_ptr + obase + off + it, eid, mask=act)
+            tl.store(w_out_ptr + obase + off + it, s, mask=act)
+            if RENORM:
+                wsum += tl.where(act, s, 0.0)
+        if RENORM:  # lanes wrote unscaled weights; after the barrier lane p scales slots p, p + P, ..
+            f = (scale / tl.sum(wsum, axis=1))[:, None]
+            tl.debug_barrier()
+            for k0 in tl.static_range(0, TOPK, P):
+                slot = k0 + lane
+                sm = ok_st[:, None] & (slot < TOPK)
+                w = tl.load(w_out_ptr + obase + slot, mask=sm, other=0.0)
+                tl.store(w_out_ptr + obase + slot, w * f, mask=sm)
+        if HAS_PAD:
+            for k0 in tl.static_range(0, TOPK, P):
+                slot = k0 + lane
+                pm = (pad & row_ok)[:, None] & (slot < TOPK)
+                tl.store(ids_out_ptr + obase + slot, tl.full([BLOCK_M, P], -1, tl.int32), mask=pm)
+                tl.store(w_out_ptr + obase + slot, tl.zeros([BLOCK_M, P], tl.float32), mask=pm)
+
 # (kernel, BLOCK_M, num_warps) per batch size; key = the smallest batch size an entry is
 # for.  From the H200 sweep (benchmarks/gpu_masking.py --tune, results/gpu_masking_h200_final.json):
 # "tile" with one token per one-warp program wins up to 1024 tokens for both routers and
@@ -652,6 +845,18 @@ def _parts_lanes(num_experts: int, num_expert_group: int, topk_group: int, vec: 
         ok = g & (g - 1) == 0 and g <= 32 and (num_experts // g) % vec == 0
         return g if ok else 0
     return 8 if num_experts % (8 * vec) == 0 else 0
+
+
+def _regs_lanes(num_experts: int, num_expert_group: int, topk_group: int, topk: int, vec: int) -> int:
+    """Lanes per token for the "regs" kernel (0: it does not apply): one per group when groups
+    are dropped, else 8 slices; a lane's experts are whole sort chunks of 8 and 16-byte loads,
+    at most 64 (its bit mask)."""
+    if topk != 8:
+        return 0
+    p = num_expert_group if num_expert_group > topk_group else 8
+    sp = num_experts // p
+    ok = p & (p - 1) == 0 and p <= 32 and num_experts % p == 0 and sp % 8 == 0 and sp % vec == 0 and sp <= 64
+    return p if ok else 0
 
 
 def fused_grouped_topk(
@@ -679,7 +884,7 @@ def fused_grouped_topk(
     ``skip_padded_loads`` (default: above 1024 tokens) makes padded rows skip their logits
     load, which pays when bandwidth-bound and costs a dependent load when latency-bound.
     Ids within a row come in ascending expert order (the set is the reference's).
-    ``kernel`` ("tile" / "parts" / "rows"), ``block_m`` (tile only) and ``num_warps`` override
+    ``kernel`` ("tile" / "parts" / "regs" / "rows"), ``block_m`` (tile only) and ``num_warps`` override
     ``default_config``; ``merge`` (rows / parts): sort-and-merge (default where ``topk`` is a
     power of 2 >= the chunk) or insertion for the k best.  "rows" needs the experts per group,
     "parts" those per lane, to be whole 16-byte chunks of logits; else "tile".
@@ -719,19 +924,24 @@ def fused_grouped_topk(
         kern, bm = kernel, (1 if kernel == "tile" else 32)
     nw = num_warps or nw
     vec = 16 // gating_output.element_size()
-    lanes = _parts_lanes(num_experts, num_expert_group, topk_group, vec) if kern == "parts" else 0
+    lanes = 0
+    if kern == "parts":
+        lanes = _parts_lanes(num_experts, num_expert_group, topk_group, vec)
+    elif kern == "regs":
+        lanes = _regs_lanes(num_experts, num_expert_group, topk_group, topk, vec)
     lpg = 0  # lanes per kept group ("parts" with dropped groups); 0: lanes of dropped groups idle
-    if lanes and num_expert_group > topk_group and lanes % topk_group == 0:
+    if kern == "parts" and lanes and num_expert_group > topk_group and lanes % topk_group == 0:
         lpg = lanes // topk_group if (per_group % (lanes // topk_group) == 0
                                       and (per_group // (lanes // topk_group)) % vec == 0) else 0
-    idle_lanes = lanes and num_expert_group > topk_group and not lpg
-    if (kern == "rows" and per_group % vec) or (kern == "parts" and not lanes) or (idle_lanes and kernel is None):
+    idle_lanes = kern == "parts" and lanes and num_expert_group > topk_group and not lpg
+    if ((kern == "rows" and per_group % vec) or (kern in ("parts", "regs") and not lanes)
+            or (idle_lanes and kernel is None)):
         # the idle-lane mode of "parts" runs only when asked for: the H200 runs verified the
         # spread mode (DeepSeek-V3) and the no-drop mode (Kimi-style), this one only the interpreter
         kern, bm = "tile", 1
     if kern == "rows":
         bm = 32 * nw
-    elif kern == "parts":
+    elif kern in ("parts", "regs"):
         bm = 32 * nw // lanes
     else:
         bm = block_m or bm
@@ -762,14 +972,15 @@ def fused_grouped_topk(
         num_warps=nw,
     )
     grid = (triton.cdiv(num_tokens, bm),)
-    if kern in ("rows", "parts"):
+    if kern in ("rows", "parts", "regs"):
         pow2 = (topk & (topk - 1)) == 0 and topk >= vec
         merge = pow2 if merge is None else (merge and pow2)
         extra = dict(VEC=vec, FAST_SIGMOID=not _interpreting(), MERGE=merge, LOG_TOPK=topk.bit_length() - 1)
         if kern == "rows":
             _grouped_topk_rows_kernel[grid](*args, **extra, **common)
         else:
-            _grouped_topk_parts_kernel[grid](*args, P=lanes, SP=num_experts // lanes, LPG=lpg, **extra, **common)
+            fn = _grouped_topk_parts_kernel if kern == "parts" else _grouped_topk_regs_kernel
+            fn[grid](*args, P=lanes, SP=num_experts // lanes, LPG=lpg, **extra, **common)
     else:
         _grouped_topk_kernel[grid](
             *args,
