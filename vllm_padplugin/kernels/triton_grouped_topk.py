@@ -15,7 +15,7 @@ benchmarks/RESULTS.md):
   (``topk`` pops of the lanes' heads); a lane takes its values > ``thr`` and its share of
   the ties at ``thr`` (lowest ids first) and writes them at slots from an exclusive scan
   over the lanes.  ~3x fewer instructions per token than ``tile``.
-* ``regs`` (selectable, not yet timed on a GPU): P lanes per token whose logits stay in
+* ``regs`` (selectable; H200: faster than ``parts`` for DeepSeek-V3, Kimi-style untimed): P lanes per token whose logits stay in
   registers: each read and put through the sigmoid once (``parts`` recomputes the kept
   experts' twice), a group's rank from the lane's sorted top-8, a butterfly merge of the
   lanes' lists (``tl.reduce``), writes by popping a bit mask.  ``topk`` = 8 only.
