@@ -513,6 +513,26 @@ if HAS_TRITON:
         return t2, n_gt, n_eq, take_eq, off
 
     @triton.jit
+    def _lanes_finish(w_out_ptr, ids_out_ptr, obase, lane, wsum, scale, ok_st, row_ok, pad, BM: tl.constexpr,
+                      P: tl.constexpr, TOPK: tl.constexpr, RENORM: tl.constexpr, HAS_PAD: tl.constexpr):
+        """End of the lanes kernels: the lanes wrote unscaled weights, so after a barrier lane p
+        scales slots p, p + P, ..; padded rows get (-1, 0)."""
+        if RENORM:
+            f = (scale / tl.sum(wsum, axis=1))[:, None]
+            tl.debug_barrier()
+            for k0 in tl.static_range(0, TOPK, P):
+                slot = k0 + lane
+                sm = ok_st[:, None] & (slot < TOPK)
+                w = tl.load(w_out_ptr + obase + slot, mask=sm, other=0.0)
+                tl.store(w_out_ptr + obase + slot, w * f, mask=sm)
+        if HAS_PAD:
+            for k0 in tl.static_range(0, TOPK, P):
+                slot = k0 + lane
+                pm = (pad & row_ok)[:, None] & (slot < TOPK)
+                tl.store(ids_out_ptr + obase + slot, tl.full([BM, P], -1, tl.int32), mask=pm)
+                tl.store(w_out_ptr + obase + slot, tl.zeros([BM, P], tl.float32), mask=pm)
+
+    @triton.jit
     def _grouped_topk_parts_kernel(
         logits_ptr,
         bias_ptr,
@@ -560,6 +580,7 @@ if HAS_TRITON:
         rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < T
         live = row_ok
+        pad = tl.zeros([BLOCK_M], tl.int1)  # no mask: no row is padded
         if HAS_PAD:
             pad = tl.load(pad_ptr + rows.to(tl.int64) * pad_stride, mask=row_ok, other=0) != 0
             if SKIP_PADDED_LOADS:
@@ -656,20 +677,8 @@ if HAS_TRITON:
                     wsum += tl.where(take, ss[j], 0.0)
                 n += take.to(tl.int32)
         obase = rows.to(tl.int64)[:, None] * TOPK
-        if RENORM:  # lanes wrote unscaled weights; after the barrier lane p scales slots p, p + P, ..
-            f = (scale / tl.sum(wsum, axis=1))[:, None]
-            tl.debug_barrier()
-            for k0 in tl.static_range(0, TOPK, P):
-                slot = k0 + lane
-                sm = ok_st[:, None] & (slot < TOPK)
-                w = tl.load(w_out_ptr + obase + slot, mask=sm, other=0.0)
-                tl.store(w_out_ptr + obase + slot, w * f, mask=sm)
-        if HAS_PAD:
-            for k0 in tl.static_range(0, TOPK, P):
-                slot = k0 + lane
-                pm = (pad & row_ok)[:, None] & (slot < TOPK)
-                tl.store(ids_out_ptr + obase + slot, tl.full([BLOCK_M, P], -1, tl.int32), mask=pm)
-                tl.store(w_out_ptr + obase + slot, tl.zeros([BLOCK_M, P], tl.float32), mask=pm)
+        _lanes_finish(w_out_ptr, ids_out_ptr, obase, lane, wsum, scale, ok_st, row_ok, pad, BLOCK_M, P, TOPK,
+                      RENORM, HAS_PAD)
 
     @triton.jit
     def _grouped_topk_regs_kernel(
@@ -719,6 +728,7 @@ if HAS_TRITON:
         rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < T
         live = row_ok
+        pad = tl.zeros([BLOCK_M], tl.int1)  # no mask: no row is padded
         if HAS_PAD:
             pad = tl.load(pad_ptr + rows.to(tl.int64) * pad_stride, mask=row_ok, other=0) != 0
             if SKIP_PADDED_LOADS:
@@ -808,20 +818,8 @@ if HAS_TRITON:
             tl.store(w_out_ptr + obase + off + it, s, mask=act)
             if RENORM:
                 wsum += tl.where(act, s, 0.0)
-        if RENORM:  # lanes wrote unscaled weights; after the barrier lane p scales slots p, p + P, ..
-            f = (scale / tl.sum(wsum, axis=1))[:, None]
-            tl.debug_barrier()
-            for k0 in tl.static_range(0, TOPK, P):
-                slot = k0 + lane
-                sm = ok_st[:, None] & (slot < TOPK)
-                w = tl.load(w_out_ptr + obase + slot, mask=sm, other=0.0)
-                tl.store(w_out_ptr + obase + slot, w * f, mask=sm)
-        if HAS_PAD:
-            for k0 in tl.static_range(0, TOPK, P):
-                slot = k0 + lane
-                pm = (pad & row_ok)[:, None] & (slot < TOPK)
-                tl.store(ids_out_ptr + obase + slot, tl.full([BLOCK_M, P], -1, tl.int32), mask=pm)
-                tl.store(w_out_ptr + obase + slot, tl.zeros([BLOCK_M, P], tl.float32), mask=pm)
+        _lanes_finish(w_out_ptr, ids_out_ptr, obase, lane, wsum, scale, ok_st, row_ok, pad, BLOCK_M, P, TOPK,
+                      RENORM, HAS_PAD)
 
 # (kernel, BLOCK_M, num_warps) per batch size; key = the smallest batch size an entry is
 # for.  From the H200 sweep (benchmarks/gpu_masking.py --tune, results/gpu_masking_h200_final.json):
