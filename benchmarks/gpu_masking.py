@@ -349,6 +349,8 @@ def main() -> int:
     ap.add_argument("--routers", nargs="*", default=list(ROUTERS))
     ap.add_argument("--tune", action="store_true",
                     help="sweep SWEEP's (kernel, BLOCK_M, num_warps, merge) per case and time the best (else: default_config)")
+    ap.add_argument("--sweep", nargs="*", default=None, metavar="KERNEL:BLOCK_M:WARPS",
+                    help="with --tune: only these SWEEP entries (e.g. tile:1:1 regs:4:1); fewer compiles")
     ap.add_argument("--vllm-src", default=None,
                     help="vLLM release tree or .tar.xz (benchmarks/vllm_grouped_topk.py) to time vLLM's grouped_topk")
     ap.add_argument("--vllm-cases", nargs="*", default=None,
@@ -357,6 +359,12 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--plot", default=None)
     args = ap.parse_args()
+    if args.sweep:
+        global SWEEP
+        want = {tuple(x.split(":")) for x in args.sweep}
+        SWEEP = tuple(e for e in SWEEP if (e[0], str(e[1]), str(e[2])) in want)
+        if len(SWEEP) != len(want):
+            ap.error(f"--sweep: not all of {sorted(want)} are SWEEP entries")
     if not torch.cuda.is_available():
         print("gpu_masking: no CUDA device; nothing to measure", file=sys.stderr)
         return 2
