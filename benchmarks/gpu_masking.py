@@ -204,7 +204,8 @@ def bench_route(router: str, dname: str, T: int, dev: str, gen: torch.Generator,
     no_pad = torch.zeros_like(mask)  # the mask present but nothing padded: the mask's pure cost
 
     res = {"router": router, "dtype": dname, "T": T, "input_sets": nsets}
-    kern, bm, nw = default_config(T, E, dtype)
+    kern, bm, nw = default_config(T, E, dtype, num_expert_group=cfg["num_expert_group"],
+                                  topk_group=cfg["topk_group"], topk=k)
     merge = None
     if tune:
         res["sweep"] = []

@@ -4,10 +4,10 @@ The torch composite (:mod:`.reference`) takes ~15 launches per MoE layer.  Three
 compute the same routing; ``default_config`` picks one per batch size (H200 sweep,
 benchmarks/RESULTS.md):
 
-* ``tile`` (<= 4095 tokens): one warp per token on a flat [BLOCK_M, E] tile, value-only
+* ``tile`` (small batches): one warp per token on a flat [BLOCK_M, E] tile, value-only
   top-k passes with an exact lowest-id path for tiles with a tie, prefix-sum writes.
   Shortest chain per token, so it wins while the batch is latency-bound.
-* ``parts`` (>= 4096 tokens): P lanes per token (one per group when groups are dropped,
+* ``parts`` (>= 4096 tokens where ``regs`` is not the default): P lanes per token (one per group when groups are dropped,
   else 8 slices), each lane's experts in its own registers, 16-byte loads (bf16 converted
   in-register).  A lane ranks its group (two best biased scores); the ``topk_group`` best
   groups (lowest id on ties) are spread over all lanes; each lane keeps its ``topk`` best
@@ -15,8 +15,9 @@ benchmarks/RESULTS.md):
   (``topk`` pops of the lanes' heads); a lane takes its values > ``thr`` and its share of
   the ties at ``thr`` (lowest ids first) and writes them at slots from an exclusive scan
   over the lanes.  ~3x fewer instructions per token than ``tile``.
-* ``regs`` (selectable; H200: faster than ``parts`` for DeepSeek-V3, Kimi-style untimed): P lanes per token whose logits stay in
-  registers: each read and put through the sigmoid once (``parts`` recomputes the kept
+* ``regs`` (>= 1024 tokens where groups are dropped, e.g. DeepSeek-V3; H200: faster than
+  ``parts`` and ``tile`` there; Kimi-style untimed, so it stays on ``parts``): P lanes per
+  token whose logits stay in registers: each read and put through the sigmoid once (``parts`` recomputes the kept
   experts' twice), a group's rank from the lane's sorted top-8, a butterfly merge of the
   lanes' lists (``tl.reduce``), writes by popping a bit mask.  ``topk`` = 8 only.
   ~275 warp instructions per token for DeepSeek-V3 fp32 against ``parts``' ~350 (SASS).
@@ -822,17 +823,25 @@ if HAS_TRITON:
                       RENORM, HAS_PAD)
 
 # (kernel, BLOCK_M, num_warps) per batch size; key = the smallest batch size an entry is
-# for.  From the H200 sweep (benchmarks/gpu_masking.py --tune, results/gpu_masking_h200_final.json):
-# "tile" with one token per one-warp program wins up to 1024 tokens for both routers and
-# dtypes, "parts" with one warp (4 tokens x 8 lanes) from 4096 on (2 or 4 warps and "rows"
-# lost); 1025-4095 tokens were not measured and stay on "tile".
+# for.  From the H200 sweeps (benchmarks/gpu_masking.py --tune): "tile" with one token per
+# one-warp program wins up to 1024 tokens, "parts" with one warp (4 tokens x 8 lanes) from
+# 4096 on (results/gpu_masking_h200_final.json; 1025-4095 tokens not measured, stay "tile").
+# Routers that drop groups (DeepSeek-V3) where "regs" applies: "regs" with one warp from 1024
+# tokens, fp32 and bf16 (results/gpu_masking_h200_regs.json: 4.23 vs tile's 4.38 us at 1024
+# fp32, 22.1 vs parts' 29.8 us at 32768).  Kimi-style "regs" is untimed: it keeps "parts".
 _CONFIGS: dict[int, tuple[str, int, int]] = {0: ("tile", 1, 1), 4096: ("parts", 4, 1)}
+_CONFIGS_REGS: dict[int, tuple[str, int, int]] = {0: ("tile", 1, 1), 1024: ("regs", 4, 1)}
 
 
-def default_config(num_tokens: int, num_experts: int, dtype: torch.dtype | None = None) -> tuple[str, int, int]:
-    """(kernel, BLOCK_M, num_warps) for a batch: the entry of ``_CONFIGS`` for the largest key <= T."""
-    key = max(k for k in _CONFIGS if k <= max(num_tokens, 0))
-    return _CONFIGS[key]
+def default_config(num_tokens: int, num_experts: int, dtype: torch.dtype | None = None, *,
+                   num_expert_group: int = 1, topk_group: int = 1, topk: int = 8) -> tuple[str, int, int]:
+    """(kernel, BLOCK_M, num_warps) for a batch: the entry for the largest key <= T of
+    ``_CONFIGS_REGS`` (groups dropped and "regs" applies) or ``_CONFIGS``."""
+    vec = 16 // (dtype.itemsize if dtype is not None else 4)
+    regs = num_expert_group > topk_group and _regs_lanes(num_experts, num_expert_group, topk_group, topk, vec)
+    table = _CONFIGS_REGS if regs else _CONFIGS
+    key = max(k for k in table if k <= max(num_tokens, 0))
+    return table[key]
 
 
 def _parts_lanes(num_experts: int, num_expert_group: int, topk_group: int, vec: int) -> int:
@@ -917,7 +926,8 @@ def fused_grouped_topk(
         weights, ids = out
     if num_tokens == 0:
         return weights, ids
-    kern, bm, nw = default_config(num_tokens, num_experts, gating_output.dtype)
+    kern, bm, nw = default_config(num_tokens, num_experts, gating_output.dtype, num_expert_group=num_expert_group,
+                                  topk_group=topk_group, topk=topk)
     if kernel is not None and kernel != kern:
         kern, bm = kernel, (1 if kernel == "tile" else 32)
     nw = num_warps or nw
