@@ -126,9 +126,10 @@ def test_fused_fallback_equals_reference_on_cpu():
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed: no interpreter to run the kernel source")
-def test_default_config_picks_regs_only_where_it_was_timed():
-    """The serving path's kernel choice: "regs" from 1024 tokens for routers that drop groups
-    (DeepSeek-V3, the H200-timed case), "parts"/"tile" elsewhere (Kimi-style, topk != 8)."""
+def test_default_config_picks_regs_where_it_was_timed():
+    """The serving path's kernel choice (H200 sweeps): "regs" from 1024 tokens for routers that
+    drop groups (DeepSeek-V3), at every size for Kimi-style; "parts"/"tile" where regs does not
+    apply (topk != 8, a lane over 64 experts)."""
     from vllm_padplugin.kernels.triton_grouped_topk import default_config
 
     ds = dict(num_expert_group=8, topk_group=4, topk=8)
@@ -136,9 +137,11 @@ def test_default_config_picks_regs_only_where_it_was_timed():
         assert default_config(256, 256, dt, **ds)[0] == "tile"
         assert default_config(1024, 256, dt, **ds) == ("regs", 4, 1)
         assert default_config(32768, 256, dt, **ds) == ("regs", 4, 1)
-        assert default_config(32768, 384, dt, num_expert_group=1, topk_group=1, topk=8) == ("parts", 4, 1)
+        assert default_config(16, 384, dt, num_expert_group=1, topk_group=1, topk=8) == ("regs", 4, 1)
+        assert default_config(32768, 384, dt, num_expert_group=1, topk_group=1, topk=8) == ("regs", 4, 1)
     assert default_config(32768, 256, torch.float32, num_expert_group=8, topk_group=4, topk=6)[0] == "parts"
-    assert default_config(1024, 384, torch.float32)[0] == "tile"
+    assert default_config(32768, 1024, torch.float32)[0] == "parts"  # 128 experts per lane
+    assert default_config(16, 384, torch.float32, topk=6)[0] == "tile"
 
 
 def test_kernel_source_under_triton_interpreter():

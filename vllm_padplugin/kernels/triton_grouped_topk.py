@@ -15,8 +15,8 @@ benchmarks/RESULTS.md):
   (``topk`` pops of the lanes' heads); a lane takes its values > ``thr`` and its share of
   the ties at ``thr`` (lowest ids first) and writes them at slots from an exclusive scan
   over the lanes.  ~3x fewer instructions per token than ``tile``.
-* ``regs`` (>= 1024 tokens where groups are dropped, e.g. DeepSeek-V3; H200: faster than
-  ``parts`` and ``tile`` there; Kimi-style untimed, so it stays on ``parts``): P lanes per
+* ``regs`` (where it applies: >= 1024 tokens when groups are dropped, e.g. DeepSeek-V3, and
+  every size when not, e.g. Kimi-style; H200: faster than ``parts`` and ``tile`` there): P lanes per
   token whose logits stay in registers: each read and put through the sigmoid once (``parts`` recomputes the kept
   experts' twice), a group's rank from the lane's sorted top-8, a butterfly merge of the
   lanes' lists (``tl.reduce``), writes by popping a bit mask.  ``topk`` = 8 only.
@@ -828,18 +828,23 @@ if HAS_TRITON:
 # 4096 on (results/gpu_masking_h200_final.json; 1025-4095 tokens not measured, stay "tile").
 # Routers that drop groups (DeepSeek-V3) where "regs" applies: "regs" with one warp from 1024
 # tokens, fp32 and bf16 (results/gpu_masking_h200_regs.json: 4.23 vs tile's 4.38 us at 1024
-# fp32, 22.1 vs parts' 29.8 us at 32768).  Kimi-style "regs" is untimed: it keeps "parts".
+# fp32, 22.1 vs parts' 29.8 us at 32768).  Routers that keep every group (Kimi-style): "regs"
+# at every size (results/gpu_masking_h200_regs_kimi.json: 3.03 vs tile's 3.14 us at 16 tokens
+# fp32, 25.9 vs parts' 39.5 at 32768).
 _CONFIGS: dict[int, tuple[str, int, int]] = {0: ("tile", 1, 1), 4096: ("parts", 4, 1)}
 _CONFIGS_REGS: dict[int, tuple[str, int, int]] = {0: ("tile", 1, 1), 1024: ("regs", 4, 1)}
+_CONFIGS_REGS_NO_DROP: dict[int, tuple[str, int, int]] = {0: ("regs", 4, 1)}
 
 
 def default_config(num_tokens: int, num_experts: int, dtype: torch.dtype | None = None, *,
                    num_expert_group: int = 1, topk_group: int = 1, topk: int = 8) -> tuple[str, int, int]:
     """(kernel, BLOCK_M, num_warps) for a batch: the entry for the largest key <= T of
-    ``_CONFIGS_REGS`` (groups dropped and "regs" applies) or ``_CONFIGS``."""
+    ``_CONFIGS_REGS`` / ``_CONFIGS_REGS_NO_DROP`` (where "regs" applies: groups dropped / not)
+    or ``_CONFIGS``."""
     vec = 16 // (dtype.itemsize if dtype is not None else 4)
-    regs = num_expert_group > topk_group and _regs_lanes(num_experts, num_expert_group, topk_group, topk, vec)
-    table = _CONFIGS_REGS if regs else _CONFIGS
+    table = _CONFIGS
+    if _regs_lanes(num_experts, num_expert_group, topk_group, topk, vec):
+        table = _CONFIGS_REGS if num_expert_group > topk_group else _CONFIGS_REGS_NO_DROP
     key = max(k for k in table if k <= max(num_tokens, 0))
     return table[key]
 
