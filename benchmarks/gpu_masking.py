@@ -189,7 +189,7 @@ def check_routing(fw, fi, rw, ri, choice, cfg=None, tie_eps: float = 2e-6) -> di
 
 
 def bench_route(router: str, dname: str, T: int, dev: str, gen: torch.Generator, bw: float,
-                vllm_fn, tune: bool) -> dict:
+                vllm_fn, sweep: tuple) -> dict:
     cfg = ROUTERS[router]
     dtype = DTYPES[dname]
     E, k = cfg["num_experts"], cfg["topk"]
@@ -207,9 +207,9 @@ def bench_route(router: str, dname: str, T: int, dev: str, gen: torch.Generator,
     kern, bm, nw = default_config(T, E, dtype, num_expert_group=cfg["num_expert_group"],
                                   topk_group=cfg["topk_group"], topk=k)
     merge = None
-    if tune:
+    if sweep:
         res["sweep"] = []
-        for skern, sbm, snw, smerge in SWEEP:
+        for skern, sbm, snw, smerge in sweep:
             skw = dict(kw, kernel=skern, block_m=sbm, num_warps=snw, merge=smerge)
             entry = {"kernel": skern, "block_m": sbm, "num_warps": snw, "merge": smerge}
             try:
@@ -360,11 +360,13 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--plot", default=None)
     args = ap.parse_args()
+    sweep = SWEEP if args.tune else ()
     if args.sweep:
-        global SWEEP
+        if not args.tune:
+            ap.error("--sweep needs --tune")
         want = {tuple(x.split(":")) for x in args.sweep}
-        SWEEP = tuple(e for e in SWEEP if (e[0], str(e[1]), str(e[2])) in want)
-        if len(SWEEP) != len(want):
+        sweep = tuple(e for e in SWEEP if (e[0], str(e[1]), str(e[2])) in want)
+        if len(sweep) != len(want):
             ap.error(f"--sweep: not all of {sorted(want)} are SWEEP entries")
     if not torch.cuda.is_available():
         print("gpu_masking: no CUDA device; nothing to measure", file=sys.stderr)
@@ -391,7 +393,7 @@ def main() -> int:
             for T in args.tokens:
                 t0 = time.perf_counter()
                 vfn = vllm_fn if args.vllm_cases is None or f"{router}:{dname}" in args.vllm_cases else None
-                doc["route"].append(bench_route(router, dname, T, dev, gen, bwd["GBps"] * 1e9, vfn, args.tune))
+                doc["route"].append(bench_route(router, dname, T, dev, gen, bwd["GBps"] * 1e9, vfn, sweep))
                 r = doc["route"][-1]
                 print(f"  {router} {dname} T={T}: fused {r['fused']['median_us']:.2f} µs "
                       f"(limit {r['limit_us']:.2f}) vllm {r.get('vllm', {}).get('median_us', float('nan')):.1f} "

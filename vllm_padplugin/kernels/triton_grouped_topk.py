@@ -7,19 +7,20 @@ benchmarks/RESULTS.md):
 * ``tile`` (small batches): one warp per token on a flat [BLOCK_M, E] tile, value-only
   top-k passes with an exact lowest-id path for tiles with a tie, prefix-sum writes.
   Shortest chain per token, so it wins while the batch is latency-bound.
-* ``parts`` (>= 4096 tokens where ``regs`` is not the default): P lanes per token (one per group when groups are dropped,
-  else 8 slices), each lane's experts in its own registers, 16-byte loads (bf16 converted
-  in-register).  A lane ranks its group (two best biased scores); the ``topk_group`` best
+* ``parts`` (>= 4096 tokens where ``regs`` does not apply): P lanes per token (one per
+  group when groups are dropped, else 8 slices), each lane's experts in its own registers,
+  16-byte loads (bf16 converted in-register).  A lane ranks its group (two best biased scores); the ``topk_group`` best
   groups (lowest id on ties) are spread over all lanes; each lane keeps its ``topk`` best
   values sorted (per chunk: sort, bitonic merge); ``thr`` = the k-th value of the union
   (``topk`` pops of the lanes' heads); a lane takes its values > ``thr`` and its share of
   the ties at ``thr`` (lowest ids first) and writes them at slots from an exclusive scan
   over the lanes.  ~3x fewer instructions per token than ``tile``.
 * ``regs`` (where it applies: >= 1024 tokens when groups are dropped, e.g. DeepSeek-V3, and
-  every size when not, e.g. Kimi-style; H200: faster than ``parts`` and ``tile`` there): P lanes per
-  token whose logits stay in registers: each read and put through the sigmoid once (``parts`` recomputes the kept
-  experts' twice), a group's rank from the lane's sorted top-8, a butterfly merge of the
-  lanes' lists (``tl.reduce``), writes by popping a bit mask.  ``topk`` = 8 only.
+  every size when not, e.g. Kimi-style; H200: faster than ``parts`` and ``tile`` there):
+  P lanes per token whose logits stay in registers: each read and put through the sigmoid
+  once (``parts`` recomputes the kept experts' twice), a group's rank from the lane's
+  sorted top-8, a butterfly merge of the lanes' lists (``tl.reduce``), writes by popping a
+  bit mask.  ``topk`` = 8 only.
   ~275 warp instructions per token for DeepSeek-V3 fp32 against ``parts``' ~350 (SASS).
 * ``rows``: the same with one thread per token (fewest instructions, but too few threads
   to hide latency: slower than ``parts`` everywhere measured; kept selectable).
