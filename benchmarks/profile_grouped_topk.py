@@ -65,7 +65,6 @@ def sass_counts() -> None:
             if rl:
                 variants["regs"] = (m._grouped_topk_regs_kernel, dict(common, BLOCK_M=32 // rl, P=rl, SP=E // rl,
                                                                       LPG=0, **fast))
-                variants["regsp"] = (m._grouped_topk_regs_kernel, dict(variants["regs"][1], PERSIST=True))
             for name, (fn, ce) in variants.items():
                 sig = {a: "constexpr" for a in fn.arg_names}
                 sig.update({"logits_ptr": f"*{dt}", "bias_ptr": "*fp32", "pad_ptr": "*u8", "w_out_ptr": "*fp32",

@@ -193,7 +193,7 @@ def test_kernel_source_under_triton_interpreter():
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed: no interpreter to run the kernel source")
-@pytest.mark.parametrize("kernel", ["rows", "parts", "regs", "regsp"])
+@pytest.mark.parametrize("kernel", ["rows", "parts", "regs"])
 def test_rows_and_parts_kernels_under_triton_interpreter(kernel):
     """The one-thread-per-token ("rows") and lanes-per-token ("parts", "regs") kernels' source, run by
     the interpreter: both routers, fp32 / bf16, bias or not, mask, sort-merge and insertion,
@@ -207,7 +207,7 @@ def test_rows_and_parts_kernels_under_triton_interpreter(kernel):
         # DeepSeek-V3 (parts: kept groups spread over the lanes), Kimi-style (no group dropped),
         # a top-6 (insertion), DeepSeek-V2-like 160/8/3/6 (parts: lanes of dropped groups idle)
         cases = [(256, 8, 4, 8, 2.5), (384, 1, 1, 8, 2.827), (128, 4, 2, 6, 1.0), (160, 8, 3, 6, 16.0)]
-        if "{kernel}" in ("regs", "regsp"):  # its other lane shapes: 16 / 64 experts per lane, 32-bit / 64-bit masks
+        if "{kernel}" == "regs":  # its other lane shapes: 16 / 64 experts per lane, 32-bit / 64-bit masks
             cases = [cases[0], cases[1], (128, 8, 4, 8, 1.0), (512, 1, 1, 8, 1.0), (256, 4, 4, 8, 1.0)]
         for E, G, TG, K, s in cases:
             for dt, ints, bias, merge, renorm in [(torch.float32, False, True, None, True),
@@ -298,7 +298,7 @@ GPU_TOKENS = [1, 16, 64, 256, 257, 1000, 1024, 4096, 16384, 32768]
 @pytest.mark.parametrize("T", GPU_TOKENS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("kernel", [None, "tile", "rows", "parts", "regs", "regsp"])
+@pytest.mark.parametrize("kernel", [None, "tile", "rows", "parts", "regs"])
 def test_gpu_fused_grouped_topk_matches_reference(E, G, TG, K, scale, T, dtype, bias, kernel):
     """Every kernel at every timed shape (None = the size's default_config)."""
     if kernel is not None and (T in (1, 257, 1000) or not bias):
@@ -323,8 +323,7 @@ def test_gpu_fused_grouped_topk_matches_reference(E, G, TG, K, scale, T, dtype, 
 @pytest.mark.parametrize("E,G,TG,K,scale", ROUTERS)
 @pytest.mark.parametrize("kernel,block_m,num_warps", [("tile", 1, 1), ("tile", 2, 1), ("tile", 4, 1), ("tile", 2, 2),
                                                      ("tile", 4, 2), ("tile", 8, 2), ("tile", 8, 4), ("tile", 16, 4),
-                                                     ("rows", 0, 1), ("rows", 0, 4), ("parts", 0, 1), ("parts", 0, 4),
-                                                     ("regs", 0, 1), ("regsp", 0, 1), ("regsp", 0, 2)])
+                                                     ("rows", 0, 1), ("rows", 0, 4), ("parts", 0, 1), ("parts", 0, 4)])
 @pytest.mark.parametrize("merge", [True, False])
 def test_gpu_fused_grouped_topk_ties_lowest_id(E, G, TG, K, scale, kernel, block_m, num_warps, merge):
     """Integer logits tie everywhere: the exact (lowest-id) path must give the reference's sets."""
@@ -346,7 +345,7 @@ def test_gpu_fused_grouped_topk_ties_lowest_id(E, G, TG, K, scale, kernel, block
                                                      ("tile", 4, 2), ("tile", 8, 2), ("tile", 8, 4), ("tile", 16, 4),
                                                      ("tile", 16, 8), ("rows", 0, 1), ("rows", 0, 2), ("rows", 0, 4),
                                                      ("rows", 0, 8), ("parts", 0, 1), ("parts", 0, 2), ("parts", 0, 4),
-                                                     ("parts", 0, 8), ("regs", 0, 1), ("regsp", 0, 1), ("regsp", 0, 2)])
+                                                     ("parts", 0, 8)])
 @pytest.mark.parametrize("skip_padded_loads", [False, True])
 def test_gpu_fused_grouped_topk_configs(kernel, block_m, num_warps, skip_padded_loads):
     x = torch.randn(333, 256, device="cuda")
@@ -362,7 +361,7 @@ def test_gpu_fused_grouped_topk_configs(kernel, block_m, num_warps, skip_padded_
 
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("kernel", ["tile", "rows", "parts", "regs", "regsp"])
+@pytest.mark.parametrize("kernel", ["tile", "rows", "parts", "regs"])
 def test_gpu_fused_grouped_topk_in_cuda_graph(kernel):
     T = 256
     x = torch.randn(T, 256, device="cuda")

@@ -683,12 +683,51 @@ if HAS_TRITON:
                       RENORM, HAS_PAD)
 
     @triton.jit
-    def _regs_load(logits_ptr, pad_ptr, blk, T, stride_t, pad_stride, HAS_PAD: tl.constexpr,
-                   SKIP_PADDED_LOADS: tl.constexpr, BLOCK_M: tl.constexpr, VEC: tl.constexpr, P: tl.constexpr,
-                   SP: tl.constexpr):
-        """Block ``blk``'s padding flags and logits: SP // VEC 16-byte loads per lane, all issued
-        before any is used (rows past ``T``, and padded rows with ``SKIP_PADDED_LOADS``, read nothing)."""
-        rows = blk * BLOCK_M + tl.arange(0, BLOCK_M)
+    def _grouped_topk_regs_kernel(
+        logits_ptr,
+        bias_ptr,
+        pad_ptr,
+        w_out_ptr,
+        ids_out_ptr,
+        T,
+        stride_t,
+        pad_stride,
+        scale,
+        G: tl.constexpr,
+        S: tl.constexpr,
+        TOPK_GROUP: tl.constexpr,
+        TOPK: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        HAS_PAD: tl.constexpr,
+        RENORM: tl.constexpr,
+        SKIP_PADDED_LOADS: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        VEC: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        FAST_SIGMOID: tl.constexpr,
+        MERGE: tl.constexpr,
+        LOG_TOPK: tl.constexpr,
+        P: tl.constexpr,
+        SP: tl.constexpr,
+        LPG: tl.constexpr,
+    ):
+        """P lanes per token, lane p holding experts [p SP, (p + 1) SP) (its group when groups
+        are dropped: P = G) in registers for the whole kernel: every logit is read and put
+        through the sigmoid once.  ``TOPK`` = 8 = the sort chunk.
+
+        A lane loads all its logits at once, sorts its choices to its 8 best (sorting network
+        per 8, bitonic merges); a group's rank is the sum of its list's two heads (its head
+        without a bias); the ``TOPK_GROUP`` best lanes are kept (lowest id on ties), the others'
+        lists emptied; ``thr`` and the lanes' slots come from ``_union_slots``.  A lane then
+        marks its taken experts in a bit mask (>= ``thr``; an exact lowest-id count of the ties
+        only in a block where some lane takes part of its ties) and writes them by popping the
+        mask's lowest bit: a few iterations instead of a store per expert.  The weight of a
+        taken expert is its sigmoid, recomputed from one cached load.  ``LPG`` is unused.
+        """
+        NEG: tl.constexpr = float("-inf")
+        NCH: tl.constexpr = SP // VEC
+        pid = tl.program_id(0)
+        rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < T
         live = row_ok
         pad = tl.zeros([BLOCK_M], tl.int1)  # no mask: no row is padded
@@ -696,33 +735,19 @@ if HAS_TRITON:
             pad = tl.load(pad_ptr + rows.to(tl.int64) * pad_stride, mask=row_ok, other=0) != 0
             if SKIP_PADDED_LOADS:
                 live = row_ok & (pad == 0)
-        lane = tl.arange(0, P)[None, :]
-        vv = tl.arange(0, VEC)[None, None, :]
-        rowp = logits_ptr + rows.to(tl.int64)[:, None, None] * stride_t + (lane * SP)[:, :, None] + vv
-        lm = live[:, None, None]
-        xs = ()
-        for ci in tl.static_range(SP // VEC):
-            xs = xs + (tl.load(rowp + ci * VEC, mask=lm, other=0.0),)
-        return xs, pad
-
-    @triton.jit
-    def _regs_route(xs, pad, blk, logits_ptr, bias_ptr, w_out_ptr, ids_out_ptr, T, stride_t, scale,
-                    G: tl.constexpr, TOPK_GROUP: tl.constexpr, TOPK: tl.constexpr, HAS_BIAS: tl.constexpr,
-                    HAS_PAD: tl.constexpr, RENORM: tl.constexpr, BLOCK_M: tl.constexpr, VEC: tl.constexpr,
-                    FAST_SIGMOID: tl.constexpr, LOG_TOPK: tl.constexpr, P: tl.constexpr, SP: tl.constexpr):
-        """Block ``blk``'s routing from its loaded logits ``xs`` (see the kernel)."""
-
-        NEG: tl.constexpr = float("-inf")
-        NCH: tl.constexpr = SP // VEC
-        rows = blk * BLOCK_M + tl.arange(0, BLOCK_M)
-        row_ok = rows < T
         lane = tl.arange(0, P)[None, :]  # [1, P]
         vv = tl.arange(0, VEC)[None, None, :]
         e_lane = lane * SP  # first expert of each lane
         rows64 = rows.to(tl.int64)[:, None]
+        rowp = logits_ptr + rows64[:, :, None] * stride_t + e_lane[:, :, None] + vv  # [BM, P, VEC]
         # the bias as [BM, P, VEC] too (rows re-read it from L1): a [1, P, VEC] load gets another
         # layout and a shared-memory conversion per chunk
         bp = bias_ptr + (e_lane[:, :, None] + vv + 0 * rows[:, None, None])
+        lm = live[:, None, None]
+
+        xs = ()  # every load first: NCH 16-byte loads in flight per lane
+        for ci in tl.static_range(NCH):
+            xs = xs + (tl.load(rowp + ci * VEC, mask=lm, other=0.0),)
         cv = ()  # the lane's SP choices, ascending expert id
         for ci in tl.static_range(NCH):
             xv = _sigmoid_rows(xs[ci].to(tl.float32), FAST_SIGMOID)
@@ -798,66 +823,6 @@ if HAS_TRITON:
         _lanes_finish(w_out_ptr, ids_out_ptr, obase, lane, wsum, scale, ok_st, row_ok, pad, BLOCK_M, P, TOPK,
                       RENORM, HAS_PAD)
 
-
-    @triton.jit
-    def _grouped_topk_regs_kernel(
-        logits_ptr,
-        bias_ptr,
-        pad_ptr,
-        w_out_ptr,
-        ids_out_ptr,
-        T,
-        stride_t,
-        pad_stride,
-        scale,
-        G: tl.constexpr,
-        S: tl.constexpr,
-        TOPK_GROUP: tl.constexpr,
-        TOPK: tl.constexpr,
-        HAS_BIAS: tl.constexpr,
-        HAS_PAD: tl.constexpr,
-        RENORM: tl.constexpr,
-        SKIP_PADDED_LOADS: tl.constexpr,
-        BLOCK_M: tl.constexpr,
-        VEC: tl.constexpr,
-        BLOCK_K: tl.constexpr,
-        FAST_SIGMOID: tl.constexpr,
-        MERGE: tl.constexpr,
-        LOG_TOPK: tl.constexpr,
-        P: tl.constexpr,
-        SP: tl.constexpr,
-        LPG: tl.constexpr,
-        PERSIST: tl.constexpr = False,
-    ):
-        """P lanes per token, lane p holding experts [p SP, (p + 1) SP) (its group when groups
-        are dropped: P = G) in registers for the whole kernel: every logit is read and put
-        through the sigmoid once.  ``TOPK`` = 8 = the sort chunk.
-
-        A lane loads all its logits at once, sorts its choices to its 8 best (sorting network
-        per 8, bitonic merges); a group's rank is the sum of its list's two heads (its head
-        without a bias); the ``TOPK_GROUP`` best lanes are kept (lowest id on ties), the others'
-        lists emptied; ``thr`` and the lanes' slots come from ``_union_slots``.  A lane then
-        marks its taken experts in a bit mask (>= ``thr``; an exact lowest-id count of the ties
-        only in a block where some lane takes part of its ties) and writes them by popping the
-        mask's lowest bit: a few iterations instead of a store per expert.  The weight of a
-        taken expert is its sigmoid, recomputed from one cached load.  ``LPG`` is unused.
-        """
-        pid = tl.program_id(0)
-        xs, pad = _regs_load(logits_ptr, pad_ptr, pid, T, stride_t, pad_stride, HAS_PAD, SKIP_PADDED_LOADS,
-                             BLOCK_M, VEC, P, SP)
-        if PERSIST:  # grid-stride over the blocks; the next block's loads fly while this one is routed
-            nprog = tl.num_programs(0)
-            for blk in range(pid, tl.cdiv(T, BLOCK_M), nprog):
-                nxs, npad = _regs_load(logits_ptr, pad_ptr, blk + nprog, T, stride_t, pad_stride, HAS_PAD,
-                                       SKIP_PADDED_LOADS, BLOCK_M, VEC, P, SP)
-                _regs_route(xs, pad, blk, logits_ptr, bias_ptr, w_out_ptr, ids_out_ptr, T, stride_t, scale, G,
-                            TOPK_GROUP, TOPK, HAS_BIAS, HAS_PAD, RENORM, BLOCK_M, VEC, FAST_SIGMOID, LOG_TOPK, P, SP)
-                xs = nxs
-                pad = npad
-        else:
-            _regs_route(xs, pad, pid, logits_ptr, bias_ptr, w_out_ptr, ids_out_ptr, T, stride_t, scale, G,
-                        TOPK_GROUP, TOPK, HAS_BIAS, HAS_PAD, RENORM, BLOCK_M, VEC, FAST_SIGMOID, LOG_TOPK, P, SP)
-
 # (kernel, BLOCK_M, num_warps) per batch size; key = the smallest batch size an entry is
 # for.  From the H200 sweeps (benchmarks/gpu_masking.py --tune): "tile" with one token per
 # one-warp program wins up to 1024 tokens, "parts" with one warp (4 tokens x 8 lanes) from
@@ -907,31 +872,6 @@ def _regs_lanes(num_experts: int, num_expert_group: int, topk_group: int, topk: 
     return p if ok else 0
 
 
-_RESIDENT: dict[tuple, int] = {}
-
-
-def _resident_programs(fn, args: tuple, kw: dict) -> int:
-    """How many one-block programs of the compiled ``fn`` fit on the device at once (its
-    registers per thread, <= 64 warps and <= 32 blocks per SM): the persistent grid, so that
-    every program strides over the blocks and no second wave waits.  Cached per (device,
-    dtype, constexprs); without the compiler's register count, 32 blocks per SM."""
-    if _interpreting():
-        return 3  # a few programs, so that the interpreter runs the stride loop several times
-    dev = args[0].device
-    key = (dev.index, args[0].dtype, tuple(sorted(kw.items())))
-    if key not in _RESIDENT:
-        nw = kw["num_warps"]
-        per_sm = 32
-        try:
-            k = fn.warmup(*args, grid=(1,), **kw)
-            k._init_handles()
-            per_sm = max(1, min(32, 64 // nw, 65536 // max(1, k.n_regs * 32 * nw)))
-        except Exception:  # noqa: BLE001 - an older/newer Triton without these: the block limit
-            per_sm = min(32, 64 // nw)
-        _RESIDENT[key] = per_sm * torch.cuda.get_device_properties(dev).multi_processor_count
-    return _RESIDENT[key]
-
-
 def fused_grouped_topk(
     gating_output: torch.Tensor,
     e_score_correction_bias: torch.Tensor | None,
@@ -957,7 +897,7 @@ def fused_grouped_topk(
     ``skip_padded_loads`` (default: above 1024 tokens) makes padded rows skip their logits
     load, which pays when bandwidth-bound and costs a dependent load when latency-bound.
     Ids within a row come in ascending expert order (the set is the reference's).
-    ``kernel`` ("tile" / "parts" / "regs" / "regsp" / "rows"), ``block_m`` (tile only) and ``num_warps`` override
+    ``kernel`` ("tile" / "parts" / "regs" / "rows"), ``block_m`` (tile only) and ``num_warps`` override
     ``default_config``; ``merge`` (rows / parts): sort-and-merge (default where ``topk`` is a
     power of 2 >= the chunk) or insertion for the k best.  "rows" needs the experts per group,
     "parts" those per lane, to be whole 16-byte chunks of logits; else "tile".
@@ -1001,21 +941,21 @@ def fused_grouped_topk(
     lanes = 0
     if kern == "parts":
         lanes = _parts_lanes(num_experts, num_expert_group, topk_group, vec)
-    elif kern in ("regs", "regsp"):
+    elif kern == "regs":
         lanes = _regs_lanes(num_experts, num_expert_group, topk_group, topk, vec)
     lpg = 0  # lanes per kept group ("parts" with dropped groups); 0: lanes of dropped groups idle
     if kern == "parts" and lanes and num_expert_group > topk_group and lanes % topk_group == 0:
         lpg = lanes // topk_group if (per_group % (lanes // topk_group) == 0
                                       and (per_group // (lanes // topk_group)) % vec == 0) else 0
     idle_lanes = kern == "parts" and lanes and num_expert_group > topk_group and not lpg
-    if ((kern == "rows" and per_group % vec) or (kern in ("parts", "regs", "regsp") and not lanes)
+    if ((kern == "rows" and per_group % vec) or (kern in ("parts", "regs") and not lanes)
             or (idle_lanes and kernel is None)):
         # the idle-lane mode of "parts" runs only when asked for: the H200 runs verified the
         # spread mode (DeepSeek-V3) and the no-drop mode (Kimi-style), this one only the interpreter
         kern, bm = "tile", 1
     if kern == "rows":
         bm = 32 * nw
-    elif kern in ("parts", "regs", "regsp"):
+    elif kern in ("parts", "regs"):
         bm = 32 * nw // lanes
     else:
         bm = block_m or bm
@@ -1046,16 +986,12 @@ def fused_grouped_topk(
         num_warps=nw,
     )
     grid = (triton.cdiv(num_tokens, bm),)
-    if kern in ("rows", "parts", "regs", "regsp"):
+    if kern in ("rows", "parts", "regs"):
         pow2 = (topk & (topk - 1)) == 0 and topk >= vec
         merge = pow2 if merge is None else (merge and pow2)
         extra = dict(VEC=vec, FAST_SIGMOID=not _interpreting(), MERGE=merge, LOG_TOPK=topk.bit_length() - 1)
         if kern == "rows":
             _grouped_topk_rows_kernel[grid](*args, **extra, **common)
-        elif kern == "regsp":
-            kw = dict(P=lanes, SP=num_experts // lanes, LPG=lpg, PERSIST=True, num_stages=1, **extra, **common)
-            grid = (min(grid[0], _resident_programs(_grouped_topk_regs_kernel, args, kw)),)
-            _grouped_topk_regs_kernel[grid](*args, **kw)
         else:
             fn = _grouped_topk_parts_kernel if kern == "parts" else _grouped_topk_regs_kernel
             fn[grid](*args, P=lanes, SP=num_experts // lanes, LPG=lpg, **extra, **common)
