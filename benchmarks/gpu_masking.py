@@ -245,6 +245,14 @@ def bench_route(router: str, dname: str, T: int, dev: str, gen: torch.Generator,
         [lambda x=x: fused_grouped_topk(x, bias, is_padding=mask, out=out, **fkw) for x in sets])
     res["fused_masked_nopad"] = graph_time_us(
         [lambda x=x: fused_grouped_topk(x, bias, is_padding=no_pad, out=out, **fkw) for x in sets])
+    # padded rows that load their logits anyway (no load waits on the mask), then the unmasked
+    # kernel once more: how far two timings of the same launch differ (the noise of the ovh columns)
+    lkw = dict(fkw, skip_padded_loads=False)
+    res["fused_masked_loads"] = graph_time_us(
+        [lambda x=x: fused_grouped_topk(x, bias, is_padding=mask, out=out, **lkw) for x in sets])
+    res["fused_masked_nopad_loads"] = graph_time_us(
+        [lambda x=x: fused_grouped_topk(x, bias, is_padding=no_pad, out=out, **lkw) for x in sets])
+    res["fused_again"] = graph_time_us([lambda x=x: fused_grouped_topk(x, bias, out=out, **fkw) for x in sets])
     nbytes = logits.nbytes + T * k * 8
     res["bytes"] = nbytes
     res["limit_us"] = nbytes / bw * 1e6
@@ -256,6 +264,10 @@ def bench_route(router: str, dname: str, T: int, dev: str, gen: torch.Generator,
     res["copy_same_bytes"] = graph_time_us([lambda c=c: cdst.copy_(c) for c in csrc])
     res["mask_overhead_pct"] = 100 * (res["fused_masked"]["median_us"] / res["fused"]["median_us"] - 1)
     res["mask_overhead_nopad_pct"] = 100 * (res["fused_masked_nopad"]["median_us"] / res["fused"]["median_us"] - 1)
+    res["mask_overhead_loads_pct"] = 100 * (res["fused_masked_loads"]["median_us"] / res["fused"]["median_us"] - 1)
+    res["mask_overhead_nopad_loads_pct"] = 100 * (res["fused_masked_nopad_loads"]["median_us"]
+                                                  / res["fused"]["median_us"] - 1)
+    res["repeat_pct"] = 100 * (res["fused_again"]["median_us"] / res["fused"]["median_us"] - 1)
 
     if vllm_fn is not None:
         hidden = torch.empty(T, 16, device=dev)
@@ -320,10 +332,11 @@ def print_tables(doc: dict) -> None:
         print(f"{r['T']:>6} {r['upstream_pair']['median_us']:>14.2f} {r['inplace_pair']['median_us']:>14.2f} "
               f"{r['triton']['median_us']:>8.2f} {r['triton_over_upstream']:>16.2f} {str(r['bit_identical']):>14}")
     print("\nfused+mask: 25 % rows padded; +mask0: mask given, no row padded; limit = bytes / copy bandwidth;"
-          " copy = device copy of the same bytes; vllm = vLLM grouped_topk compiled, + its mask pair")
+          " copy = device copy of the same bytes; vllm = vLLM grouped_topk compiled, + its mask pair;"
+          " ovhL% / ovh0L%: the same with padded rows loading their logits; rep%: the unmasked kernel timed again")
     print(f"{'router':>11} {'dt':>4} {'T':>6} {'kernel,bm,nw':>13} {'fused':>7} {'limit':>6} {'ratio':>5} {'copy':>6} "
           f"{'+mask':>7} {'+mask0':>7} {'ovh%':>5} {'ovh0%':>5} {'vllm':>7} {'vllm+m':>7} {'x vllm':>6} "
-          f"{'x(+m)':>6} {'differ':>6} {'ties':>4} {'max|dw|':>8}")
+          f"{'x(+m)':>6} {'differ':>6} {'ties':>4} {'max|dw|':>8} {'ovhL%':>5} {'ovh0L%':>6} {'rep%':>5}")
     for r in doc["route"]:
         v = r.get("vllm", {}).get("median_us", float("nan"))
         vm = r.get("vllm_masked", {}).get("median_us", float("nan"))
@@ -334,7 +347,8 @@ def print_tables(doc: dict) -> None:
               f"{r['fused_masked_nopad']['median_us']:>7.2f} {r['mask_overhead_pct']:>5.1f} "
               f"{r['mask_overhead_nopad_pct']:>5.1f} {v:>7.1f} {vm:>7.1f} {r.get('speedup_vs_vllm', float('nan')):>6.1f} "
               f"{r.get('speedup_vs_vllm_masked', float('nan')):>6.1f} {r['check']['rows_id_sets_differ']:>6} "
-              f"{r['check']['rows_differ_near_tie']:>4} {r['check']['max_weight_abs_diff']:>8.1e}")
+              f"{r['check']['rows_differ_near_tie']:>4} {r['check']['max_weight_abs_diff']:>8.1e} "
+              f"{r['mask_overhead_loads_pct']:>5.1f} {r['mask_overhead_nopad_loads_pct']:>6.1f} {r['repeat_pct']:>5.1f}")
     for r in doc["route"]:
         if "sweep" in r:
             cells = " ".join(f"{s['kernel']}{s['num_warps']}{'m' if s['merge'] else ''}:{s['us']:.2f}"

@@ -194,12 +194,6 @@ if HAS_TRITON:
             return tl.sigmoid(x)
 
     @triton.jit
-    def _prefetch_l2(ptrs):
-        """Ask L2 for the lines at ``ptrs``: no register result, nothing waits on it."""
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs.to(tl.int64)],
-                                  dtype=tl.int32, is_pure=False, pack=1)
-
-    @triton.jit
     def _sort_desc(xs, VEC: tl.constexpr):
         """Sort a tuple of 4 or 8 [BM] columns, descending (optimal comparator networks)."""
         if VEC == 4:
@@ -699,7 +693,6 @@ if HAS_TRITON:
         stride_t,
         pad_stride,
         scale,
-        pf_blocks,
         G: tl.constexpr,
         S: tl.constexpr,
         TOPK_GROUP: tl.constexpr,
@@ -717,7 +710,6 @@ if HAS_TRITON:
         P: tl.constexpr,
         SP: tl.constexpr,
         LPG: tl.constexpr,
-        PREFETCH: tl.constexpr,
     ):
         """P lanes per token, lane p holding experts [p SP, (p + 1) SP) (its group when groups
         are dropped: P = G) in registers for the whole kernel: every logit is read and put
@@ -731,10 +723,6 @@ if HAS_TRITON:
         only in a block where some lane takes part of its ties) and writes them by popping the
         mask's lowest bit: a few iterations instead of a store per expert.  The weight of a
         taken expert is its sigmoid, recomputed from one cached load.  ``LPG`` is unused.
-
-        With ``PREFETCH`` (a grid of more than one wave) a program also asks L2 for the logits of
-        block ``pid + pf_blocks`` (``pf_blocks`` = the programs resident at once): the block a
-        program of the next wave routes, so that DRAM streams while this wave computes.
         """
         NEG: tl.constexpr = float("-inf")
         NCH: tl.constexpr = SP // VEC
@@ -760,13 +748,6 @@ if HAS_TRITON:
         xs = ()  # every load first: NCH 16-byte loads in flight per lane
         for ci in tl.static_range(NCH):
             xs = xs + (tl.load(rowp + ci * VEC, mask=lm, other=0.0),)
-        if PREFETCH:
-            if (pid + pf_blocks) * BLOCK_M < T:
-                nrows = tl.minimum((pid + pf_blocks) * BLOCK_M + tl.arange(0, BLOCK_M), T - 1)
-                seg = logits_ptr + nrows.to(tl.int64)[:, None] * stride_t + e_lane  # [BM, P]: each lane's experts
-                for c in tl.static_range(0, SP, 8 * VEC):  # every 128-byte line of them, and the last one
-                    _prefetch_l2(seg + c)
-                _prefetch_l2(seg + SP - 1)
         cv = ()  # the lane's SP choices, ascending expert id
         for ci in tl.static_range(NCH):
             xv = _sigmoid_rows(xs[ci].to(tl.float32), FAST_SIGMOID)
@@ -891,28 +872,6 @@ def _regs_lanes(num_experts: int, num_expert_group: int, topk_group: int, topk: 
     return p if ok else 0
 
 
-_RESIDENT: dict[tuple, int] = {}
-
-
-def _resident_programs(fn, args: tuple, kw: dict) -> int:
-    """How many programs of the compiled ``fn`` run at once (its registers per thread, <= 64
-    warps and <= 32 blocks per SM): one wave of the grid.  Cached per (device, dtype,
-    constexprs); without the compiler's register count (another Triton), 64 registers."""
-    dev = args[0].device
-    key = (dev.index, args[0].dtype, tuple(sorted(kw.items())))
-    if key not in _RESIDENT:
-        nw = kw["num_warps"]
-        try:
-            k = fn.warmup(*args, grid=(1,), **kw)
-            k._init_handles()
-            regs = k.n_regs
-        except Exception:  # noqa: BLE001 - private API of Triton 3.x; any failure: assume 64
-            regs = 64
-        per_sm = max(1, min(32, 64 // nw, 65536 // (32 * nw * -(-regs // 8) * 8)))
-        _RESIDENT[key] = per_sm * torch.cuda.get_device_properties(dev).multi_processor_count
-    return _RESIDENT[key]
-
-
 def fused_grouped_topk(
     gating_output: torch.Tensor,
     e_score_correction_bias: torch.Tensor | None,
@@ -929,7 +888,6 @@ def fused_grouped_topk(
     skip_padded_loads: bool | None = None,
     kernel: str | None = None,
     merge: bool | None = None,
-    prefetch: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sigmoid grouped top-k + mask in one launch; returns ``(weights f32, ids i32)``.
 
@@ -941,8 +899,7 @@ def fused_grouped_topk(
     Ids within a row come in ascending expert order (the set is the reference's).
     ``kernel`` ("tile" / "parts" / "regs" / "rows"), ``block_m`` (tile only) and ``num_warps`` override
     ``default_config``; ``merge`` (rows / parts): sort-and-merge (default where ``topk`` is a
-    power of 2 >= the chunk) or insertion for the k best.  ``prefetch`` (regs): a grid of
-    more than one wave asks L2 for the next wave's logits.  "rows" needs the experts per group,
+    power of 2 >= the chunk) or insertion for the k best.  "rows" needs the experts per group,
     "parts" those per lane, to be whole 16-byte chunks of logits; else "tile".
     """
     tensors = [gating_output] + ([is_padding] if is_padding is not None else [])
@@ -1039,15 +996,10 @@ def fused_grouped_topk(
             _grouped_topk_parts_kernel[grid](*args, P=lanes, SP=num_experts // lanes, LPG=lpg, **extra, **common)
         else:
             sp = num_experts // lanes
-            kw = dict(P=lanes, SP=sp, LPG=lpg, **extra, **common)
-            if sp <= 32 and not _interpreting():
-                # <= 32 logits a lane: 64 registers suffice (ptxas, sm_90: no spill); its
-                # choice without the cap is 66-70 with the mask or prefetch: 28 blocks per SM, not 32
-                kw["maxnreg"] = 64
-            resident = 0
-            if prefetch and not _interpreting():
-                resident = _resident_programs(_grouped_topk_regs_kernel, args + (0,), dict(kw, PREFETCH=True))
-            _grouped_topk_regs_kernel[grid](*args, resident, PREFETCH=grid[0] > resident > 0, **kw)
+            cap = {} if sp > 32 or _interpreting() else {"maxnreg": 64}
+            # <= 32 logits a lane fit 64 registers (ptxas, sm_90: no spill); without the cap the
+            # mask takes it to 68: 28 blocks per SM instead of 32 (H200 ncu, issue 11)
+            _grouped_topk_regs_kernel[grid](*args, P=lanes, SP=sp, LPG=lpg, **cap, **extra, **common)
     else:
         _grouped_topk_kernel[grid](
             *args,
