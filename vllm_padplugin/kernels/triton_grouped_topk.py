@@ -996,9 +996,10 @@ def fused_grouped_topk(
             _grouped_topk_parts_kernel[grid](*args, P=lanes, SP=num_experts // lanes, LPG=lpg, **extra, **common)
         else:
             sp = num_experts // lanes
-            cap = {} if sp > 32 or _interpreting() else {"maxnreg": 64}
+            cap = {} if sp > 32 or _interpreting() or torch.version.hip else {"maxnreg": 64}
             # <= 32 logits a lane fit 64 registers (ptxas, sm_90: no spill); without the cap the
-            # mask takes it to 68: 28 blocks per SM instead of 32 (H200 ncu, issue 11)
+            # mask takes it to 68: 28 blocks per SM instead of 32 (H200 ncu, issue 11).  ptxas
+            # option: Triton's HIP backend has no ``maxnreg`` and would reject the keyword
             _grouped_topk_regs_kernel[grid](*args, P=lanes, SP=sp, LPG=lpg, **cap, **extra, **common)
     else:
         _grouped_topk_kernel[grid](
