@@ -832,6 +832,11 @@ if HAS_TRITON:
 # fp32, 22.1 vs parts' 29.8 us at 32768).  Routers that keep every group (Kimi-style): "regs"
 # at every size (results/gpu_masking_h200_regs_kimi.json: 3.03 vs tile's 3.14 us at 16 tokens
 # fp32, 25.9 vs parts' 39.5 at 32768).
+# Registers per thread for "regs" by logits a lane (up to): ptxas for sm_90 spills nothing
+# under the cap (benchmarks/profile_grouped_topk.py --sass), and without it the mask takes
+# DeepSeek-V3 to 68: 28 instead of 32 blocks per SM (H200 ncu, issue 11).  Kimi-style (48 a
+# lane, 84 with the mask) capped at 80 measured slower, masked or not (gpu_masking_h200_kimicap).
+_REGS_MAXNREG = ((32, 64),)
 _CONFIGS: dict[int, tuple[str, int, int]] = {0: ("tile", 1, 1), 4096: ("parts", 4, 1)}
 _CONFIGS_REGS: dict[int, tuple[str, int, int]] = {0: ("tile", 1, 1), 1024: ("regs", 4, 1)}
 _CONFIGS_REGS_NO_DROP: dict[int, tuple[str, int, int]] = {0: ("regs", 4, 1)}
@@ -996,10 +1001,9 @@ def fused_grouped_topk(
             _grouped_topk_parts_kernel[grid](*args, P=lanes, SP=num_experts // lanes, LPG=lpg, **extra, **common)
         else:
             sp = num_experts // lanes
-            cap = {} if sp > 32 or _interpreting() or torch.version.hip else {"maxnreg": 64}
-            # <= 32 logits a lane fit 64 registers (ptxas, sm_90: no spill); without the cap the
-            # mask takes it to 68: 28 blocks per SM instead of 32 (H200 ncu, issue 11).  ptxas
-            # option: Triton's HIP backend has no ``maxnreg`` and would reject the keyword
+            cap = {}
+            if not (_interpreting() or torch.version.hip):  # Triton's HIP backend has no maxnreg
+                cap = next(({"maxnreg": r} for n, r in _REGS_MAXNREG if sp <= n), {})
             _grouped_topk_regs_kernel[grid](*args, P=lanes, SP=sp, LPG=lpg, **cap, **extra, **common)
     else:
         _grouped_topk_kernel[grid](
