@@ -32,7 +32,10 @@ CASES = [("deepseek-v3", torch.float32, 32768), ("deepseek-v3", torch.bfloat16, 
 ROUTER = {"deepseek-v3": (256, 8, 4, 8, 2.5), "kimi-style": (384, 1, 1, 8, 2.827)}
 
 
-def sass_counts() -> None:
+def sass_stats(kernels=None, routers=None):
+    """Per (kernel variant, router, dtype) compiled for sm_90 as a launch specialises it: yields
+    dicts of name, router, dtype, instructions, registers, stack (bytes: spills), loops (bodies'
+    lengths).  ``kernels`` / ``routers``: only these names."""
     import os
     import re
     import subprocess
@@ -47,6 +50,8 @@ def sass_counts() -> None:
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     div16 = ("logits_ptr", "bias_ptr", "pad_ptr", "w_out_ptr", "ids_out_ptr", "T", "stride_t")
     for router, (E, G, TG, K, _) in ROUTER.items():
+        if routers is not None and router not in routers:
+            continue
         S = E // G
         for dt, vec in (("fp32", 4), ("bf16", 8)):
             common = dict(G=G, S=S, TOPK_GROUP=TG, TOPK=K, HAS_BIAS=True, HAS_PAD=False, RENORM=True,
@@ -68,6 +73,8 @@ def sass_counts() -> None:
                 variants["regs+mask"] = (m._grouped_topk_regs_kernel,
                                          dict(variants["regs"][1], HAS_PAD=True, SKIP_PADDED_LOADS=True))
             for name, (fn, ce) in variants.items():
+                if kernels is not None and name not in kernels:
+                    continue
                 sig = {a: "constexpr" for a in fn.arg_names}
                 sig.update({"logits_ptr": f"*{dt}", "bias_ptr": "*fp32", "pad_ptr": "*u8", "w_out_ptr": "*fp32",
                             "ids_out_ptr": "*i32", "T": "i32", "stride_t": "i32", "pad_stride": "i32",
@@ -90,8 +97,15 @@ def sass_counts() -> None:
                          if int(t, 16) < int(pc, 16)]
                 regs = re.search(r"REG:(\d+)", res)
                 stack = re.search(r"STACK:(\d+)", res)
-                print(f"{name:9} {router:11} {dt}: {len(pcs)} SASS instructions, {regs.group(1) if regs else '?'} registers, {stack.group(1) if stack else '?'} B stack, "
-                      f"loop bodies {[(b - a) // 16 + 1 for a, b in loops]}")
+                yield {"name": name, "router": router, "dtype": dt, "instructions": len(pcs),
+                       "registers": int(regs.group(1)) if regs else None, "stack": int(stack.group(1)) if stack else None,
+                       "loops": [(b - a) // 16 + 1 for a, b in loops], "options": opts, "SP": ce.get("SP")}
+
+
+def sass_counts() -> None:
+    for r in sass_stats():
+        print(f"{r['name']:9} {r['router']:11} {r['dtype']}: {r['instructions']} SASS instructions, "
+              f"{r['registers']} registers, {r['stack']} B stack, loop bodies {r['loops']}")
 
 
 def main() -> None:

@@ -192,6 +192,24 @@ def test_kernel_source_under_triton_interpreter():
 
 
 
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed: no compiler")
+def test_regs_fits_its_register_cap_without_spills():
+    """fused_grouped_topk launches "regs" with maxnreg=64 for lanes of <= 32 logits (DeepSeek-V3),
+    so that the mask does not cost blocks per SM (issue 11, H200 ncu).  Compiled here for sm_90
+    with the installed Triton's ptxas (no GPU): with and without the mask, fp32 and bf16, the
+    kernel must fit the cap with no spill, or the cap costs local-memory traffic."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    try:
+        import profile_grouped_topk
+    finally:
+        sys.path.pop(0)
+    stats = list(profile_grouped_topk.sass_stats(kernels={"regs", "regs+mask"}, routers={"deepseek-v3"}))
+    assert len(stats) == 4
+    for r in stats:
+        assert r["options"].get("maxnreg") == 64, r
+        assert r["registers"] <= 64 and r["stack"] == 0, r
+
+
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed: no interpreter to run the kernel source")
 @pytest.mark.parametrize("kernel", ["rows", "parts", "regs"])
 def test_rows_and_parts_kernels_under_triton_interpreter(kernel):
