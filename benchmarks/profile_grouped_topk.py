@@ -85,7 +85,7 @@ def sass_stats(kernels=None, routers=None):
                                 attrs=attrs)
                 opts = {"num_warps": 1}
                 if name.startswith("regs"):  # the cap fused_grouped_topk launches it with
-                    opts.update(next(({"maxnreg": r} for n, r in m._REGS_MAXNREG if ce["SP"] <= n), {}))
+                    opts.update(m._regs_cap(ce["SP"]))
                 k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
                 with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
                     f.write(k.asm["cubin"])
@@ -99,7 +99,7 @@ def sass_stats(kernels=None, routers=None):
                 stack = re.search(r"STACK:(\d+)", res)
                 yield {"name": name, "router": router, "dtype": dt, "instructions": len(pcs),
                        "registers": int(regs.group(1)) if regs else None, "stack": int(stack.group(1)) if stack else None,
-                       "loops": [(b - a) // 16 + 1 for a, b in loops], "options": opts, "SP": ce.get("SP")}
+                       "loops": [(b - a) // 16 + 1 for a, b in loops], "options": opts}
 
 
 def sass_counts() -> None:

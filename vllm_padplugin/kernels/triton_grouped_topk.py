@@ -837,6 +837,11 @@ if HAS_TRITON:
 # DeepSeek-V3 to 68: 28 instead of 32 blocks per SM (H200 ncu, issue 11).  Kimi-style (48 a
 # lane, 84 with the mask) capped at 80 measured slower, masked or not (gpu_masking_h200_kimicap).
 _REGS_MAXNREG = ((32, 64),)
+
+
+def _regs_cap(logits_per_lane: int) -> dict:
+    """The launch option that caps "regs"' registers (``{}``: the compiler's choice)."""
+    return next(({"maxnreg": r} for n, r in _REGS_MAXNREG if logits_per_lane <= n), {})
 _CONFIGS: dict[int, tuple[str, int, int]] = {0: ("tile", 1, 1), 4096: ("parts", 4, 1)}
 _CONFIGS_REGS: dict[int, tuple[str, int, int]] = {0: ("tile", 1, 1), 1024: ("regs", 4, 1)}
 _CONFIGS_REGS_NO_DROP: dict[int, tuple[str, int, int]] = {0: ("regs", 4, 1)}
@@ -1003,7 +1008,7 @@ def fused_grouped_topk(
             sp = num_experts // lanes
             cap = {}
             if not (_interpreting() or torch.version.hip):  # Triton's HIP backend has no maxnreg
-                cap = next(({"maxnreg": r} for n, r in _REGS_MAXNREG if sp <= n), {})
+                cap = _regs_cap(sp)
             _grouped_topk_regs_kernel[grid](*args, P=lanes, SP=sp, LPG=lpg, **cap, **extra, **common)
     else:
         _grouped_topk_kernel[grid](
