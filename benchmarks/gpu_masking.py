@@ -63,8 +63,10 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 # token (BLOCK_M = 32 x num_warps; 1, 2 and 8 warps and insertion instead of merge lost to 4
 # warps with merge in gpu_masking_h200_sweep1.json); "parts" = 8 lanes per token (BLOCK_M =
 # 32 x num_warps / 8); merge = sort-and-merge (else insertion) for the k best.
+# "regs" BLOCK_M = 32 x num_warps / lanes per token: ("regs", 1, 1) = 32 lanes, ("regs", 2, 1) = 16.
 SWEEP = (("tile", 1, 1, None), ("rows", 128, 4, True), ("parts", 4, 1, True), ("parts", 8, 2, True),
-         ("parts", 16, 4, True), ("regs", 4, 1, True), ("regs", 8, 2, True), ("regs", 16, 4, True))
+         ("parts", 16, 4, True), ("regs", 4, 1, True), ("regs", 8, 2, True), ("regs", 16, 4, True),
+         ("regs", 1, 1, True), ("regs", 2, 1, True))
 ROTATE_BYTES = 200e6  # input sets per graph: > 3x the H200's 60 MB L2
 
 

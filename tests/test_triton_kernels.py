@@ -126,18 +126,20 @@ def test_fused_fallback_equals_reference_on_cpu():
 
 
 def test_default_config_picks_regs_where_it_was_timed():
-    """The serving path's kernel choice (H200 sweeps): "regs" from 1024 tokens for routers that
-    drop groups (DeepSeek-V3), at every size for Kimi-style; "parts"/"tile" where regs does not
-    apply (topk != 8, a lane over 64 experts)."""
+    """The serving path's kernel choice (H200 sweeps): "regs" at every size where it applies, with
+    32 lanes per token (BLOCK_M 1) below 1024 tokens and 16 (BLOCK_M 2) below 4096 for routers that
+    drop groups (DeepSeek-V3), 16 lanes up to 4096 tokens for Kimi-style, else 8 (BLOCK_M 4);
+    "parts"/"tile" where regs does not apply (topk != 8, a lane over 64 experts)."""
     from vllm_padplugin.kernels.triton_grouped_topk import default_config
 
     ds = dict(num_expert_group=8, topk_group=4, topk=8)
+    kimi = dict(num_expert_group=1, topk_group=1, topk=8)
     for dt in (torch.float32, torch.bfloat16):
-        assert default_config(256, 256, dt, **ds)[0] == "tile"
-        assert default_config(1024, 256, dt, **ds) == ("regs", 4, 1)
-        assert default_config(32768, 256, dt, **ds) == ("regs", 4, 1)
-        assert default_config(16, 384, dt, num_expert_group=1, topk_group=1, topk=8) == ("regs", 4, 1)
-        assert default_config(32768, 384, dt, num_expert_group=1, topk_group=1, topk=8) == ("regs", 4, 1)
+        assert default_config(16, 256, dt, **ds) == default_config(1023, 256, dt, **ds) == ("regs", 1, 1)
+        assert default_config(1024, 256, dt, **ds) == default_config(4095, 256, dt, **ds) == ("regs", 2, 1)
+        assert default_config(4096, 256, dt, **ds) == default_config(32768, 256, dt, **ds) == ("regs", 4, 1)
+        assert default_config(16, 384, dt, **kimi) == default_config(4096, 384, dt, **kimi) == ("regs", 2, 1)
+        assert default_config(4097, 384, dt, **kimi) == default_config(32768, 384, dt, **kimi) == ("regs", 4, 1)
     assert default_config(32768, 256, torch.float32, num_expert_group=8, topk_group=4, topk=6)[0] == "parts"
     assert default_config(32768, 1024, torch.float32)[0] == "parts"  # 128 experts per lane
     assert default_config(16, 384, torch.float32, topk=6)[0] == "tile"
@@ -242,13 +244,54 @@ def test_rows_and_parts_kernels_under_triton_interpreter(kernel):
                 m = torch.rand(40) < 0.3
                 kw = dict(topk=K, num_expert_group=G, topk_group=TG, routed_scaling_factor=s,
                           renormalize=renorm, is_padding=m)
-                fw, fi = fused_grouped_topk(x, b, kernel="{kernel}", merge=merge, **kw)
+                # regs: its 8-lane layout (BLOCK_M 4); the wider ones in test_regs_wide_lanes_*
+                fw, fi = fused_grouped_topk(x, b, kernel="{kernel}", merge=merge, block_m=4, num_warps=1, **kw)
                 rw, ri = grouped_topk_reference(x, b, **kw)
                 fs, fo = fi.long().sort(1); rs, ro = ri.long().sort(1)
                 assert torch.equal(fs, rs), (E, dt, ints, bias)
                 assert torch.allclose(fw.gather(1, fo), rw.gather(1, ro), atol=1e-6, rtol=1e-5)
                 live = ~m[:37]
                 assert torch.equal(fi[live], fi[live].sort(1).values)  # ascending expert id
+        print("ok")
+        """,
+        TRITON_INTERPRET="1",
+    )
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), (r.stdout[-1000:], r.stderr[-3000:])
+
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed: no interpreter to run the kernel source")
+def test_regs_wide_lanes_under_triton_interpreter():
+    """"regs" with more lanes per token than groups (BLOCK_M = 32 x warps / lanes: a group spans
+    neighbouring lanes, its rank a top-2 reduction over them; the small-batch layout): the
+    reference's sets, ascending ids, padded rows (-1, 0); lanes a router cannot take fall back to
+    its own default layout."""
+    r = _run_py(
+        """
+        import torch
+        from vllm_padplugin.kernels.triton_grouped_topk import fused_grouped_topk, _regs_lanes
+        from vllm_padplugin.kernels.reference import grouped_topk_reference
+        torch.manual_seed(1)
+        assert _regs_lanes(256, 8, 4, 8, 4, 32) == 32 and _regs_lanes(256, 8, 4, 8, 4, 4) == 0  # < groups
+        assert _regs_lanes(384, 1, 1, 8, 4, 16) == 16 and _regs_lanes(384, 1, 1, 8, 4, 32) == 0  # 12 a lane
+        cases = [(256, 8, 4, 8, 2.5, 16), (256, 8, 4, 8, 2.5, 32), (384, 1, 1, 8, 2.827, 16),
+                 (128, 4, 2, 8, 1.0, 16), (384, 1, 1, 8, 1.0, 32)]
+        for E, G, TG, K, s, lanes in cases:
+            for dt, ints, bias in [(torch.float32, False, True), (torch.bfloat16, False, True),
+                                   (torch.float32, False, False), (torch.float32, True, True),
+                                   (torch.bfloat16, True, False)]:
+                x = (torch.randint(-2, 3, (21, E)).float() if ints else torch.randn(21, E)).to(dt)
+                b = (torch.full((E,), 0.25) if ints else torch.randn(E) * 0.05) if bias else None
+                m = torch.rand(23) < 0.3
+                kw = dict(topk=K, num_expert_group=G, topk_group=TG, routed_scaling_factor=s, is_padding=m)
+                fw, fi = fused_grouped_topk(x, b, kernel="regs", block_m=32 // lanes, num_warps=1, **kw)
+                rw, ri = grouped_topk_reference(x, b, **kw)
+                fs, fo = fi.long().sort(1); rs, ro = ri.long().sort(1)
+                assert torch.equal(fs, rs), (E, lanes, dt, ints, bias)
+                assert torch.allclose(fw.gather(1, fo), rw.gather(1, ro), atol=1e-6, rtol=1e-5)
+                live = ~m[:21]
+                assert torch.equal(fi[live], fi[live].sort(1).values)
+                assert (fi[m[:21]] == -1).all() and (fw[m[:21]] == 0).all()
         print("ok")
         """,
         TRITON_INTERPRET="1",
@@ -338,6 +381,40 @@ def test_gpu_fused_grouped_topk_matches_reference(E, G, TG, K, scale, T, dtype, 
     assert (fi != -7).all() and torch.isfinite(fw).all()  # every element written
     choice = x.float().sigmoid() + (b if bias else 0)
     same_routing_up_to_near_ties(fw[~pad], fi[~pad], rw[~pad], ri[~pad], choice[~pad], G, TG, K)
+
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("E,G,TG,K,scale", ROUTERS)
+@pytest.mark.parametrize("T", [1, 16, 64, 256, 1024, 4096])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("lanes", [16, 32])
+def test_gpu_regs_wide_lanes_matches_reference(E, G, TG, K, scale, T, dtype, lanes):
+    """"regs" with 16 / 32 lanes per token at the sizes it is timed at, with a bias and a mask;
+    integer logits (ties everywhere) too."""
+    from vllm_padplugin.kernels.triton_grouped_topk import _regs_lanes
+
+    if not _regs_lanes(E, G, TG, K, 16 // torch.tensor([], dtype=dtype).element_size(), lanes):
+        pytest.skip("this router's lanes would not hold whole chunks of 8")
+    g = torch.Generator(device="cuda").manual_seed(T + E + lanes)
+    x = torch.randn(T, E, generator=g, device="cuda").to(dtype)
+    b = torch.randn(E, generator=g, device="cuda") * 0.05
+    mask = torch.rand(T + 7, generator=g, device="cuda") < 0.3
+    kw = dict(topk=K, num_expert_group=G, topk_group=TG, routed_scaling_factor=scale, is_padding=mask)
+    out = (torch.full((T, K), float("nan"), device="cuda"), torch.full((T, K), -7, dtype=torch.int32, device="cuda"))
+    fw, fi = fused_grouped_topk(x, b, out=out, kernel="regs", block_m=32 // lanes, num_warps=1, **kw)
+    rw, ri = grouped_topk_reference(x, b, **kw)
+    pad = mask[:T]
+    assert (fi[pad] == -1).all() and (fw[pad] == 0).all()
+    assert (fi != -7).all() and torch.isfinite(fw).all()
+    choice = x.float().sigmoid() + b
+    same_routing_up_to_near_ties(fw[~pad], fi[~pad], rw[~pad], ri[~pad], choice[~pad], G, TG, K)
+    xi = torch.randint(-2, 3, (T, E), generator=g, device="cuda").to(dtype)
+    kw.pop("is_padding")
+    fw, fi = fused_grouped_topk(xi, torch.full((E,), 0.25, device="cuda"), kernel="regs", block_m=32 // lanes,
+                                num_warps=1, **kw)
+    same_routing(fw, fi, *grouped_topk_reference(xi, torch.full((E,), 0.25, device="cuda"), **kw))
 
 
 @pytest.mark.gpu

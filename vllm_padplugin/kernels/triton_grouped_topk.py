@@ -15,13 +15,15 @@ benchmarks/RESULTS.md):
   (``topk`` pops of the lanes' heads); a lane takes its values > ``thr`` and its share of
   the ties at ``thr`` (lowest ids first) and writes them at slots from an exclusive scan
   over the lanes.  ~3x fewer instructions per token than ``tile``.
-* ``regs`` (where it applies: >= 1024 tokens when groups are dropped, e.g. DeepSeek-V3, and
-  every size when not, e.g. Kimi-style; H200: faster than ``parts`` and ``tile`` there):
+* ``regs`` (wherever it applies; H200: faster than ``parts`` and ``tile`` at every timed size):
   P lanes per token whose logits stay in registers: each read and put through the sigmoid
   once (``parts`` recomputes the kept experts' twice), a group's rank from the lane's
   sorted top-8, a butterfly merge of the lanes' lists (``tl.reduce``), writes by popping a
   bit mask.  ``topk`` = 8 only.
   ~275 warp instructions per token for DeepSeek-V3 fp32 against ``parts``' ~350 (SASS).
+  Below 4096 tokens with 16 or 32 lanes per token (a group then spans neighbouring lanes, its
+  rank a top-2 reduction over them): fewer logits per thread, so a shorter chain per token,
+  which is what a latency-bound small batch waits on (H200: <= 2.7 us at <= 256 tokens).
 * ``rows``: the same with one thread per token (fewest instructions, but too few threads
   to hide latency: slower than ``parts`` everywhere measured; kept selectable).
 
@@ -759,18 +761,28 @@ if HAS_TRITON:
             Lt = _keep_best(Lt, (cv[c8], cv[c8 + 1], cv[c8 + 2], cv[c8 + 3], cv[c8 + 4], cv[c8 + 5], cv[c8 + 6],
                                  cv[c8 + 7]), 8, TOPK, LOG_TOPK, True)
 
-        if G > TOPK_GROUP:  # P == G: lane = group
+        if G > TOPK_GROUP:  # a group = LG neighbouring lanes (LG = 1: lane = group)
+            LG: tl.constexpr = P // G
+            if LG == 1:
+                a1, a2 = Lt[0], Lt[1]
+                gid = lane
+            else:  # the group's two best: a top-2 reduction over its lanes' heads
+                a1, a2 = tl.reduce((tl.reshape(Lt[0], [BLOCK_M, G, LG]), tl.reshape(Lt[1], [BLOCK_M, G, LG])), 2,
+                                   _top2)
+                gid = tl.arange(0, G)[None, :]
             if HAS_BIAS:
-                r = Lt[0] + Lt[1]
+                r = a1 + a2
             else:
-                r = Lt[0]
-            keep = tl.zeros([BLOCK_M, P], dtype=tl.int1)
+                r = a1
+            keep = tl.zeros([BLOCK_M, G], dtype=tl.int1)
             for _ in tl.static_range(TOPK_GROUP):
                 m = tl.max(r, axis=1)
-                gi = tl.min(tl.where(r == m[:, None], lane, P), axis=1)
-                hit = lane == gi[:, None]
+                gi = tl.min(tl.where(r == m[:, None], gid, G), axis=1)
+                hit = gid == gi[:, None]
                 keep = keep | hit
                 r = tl.where(hit, NEG, r)
+            if LG > 1:
+                keep = tl.reshape(tl.broadcast_to(keep[:, :, None], [BLOCK_M, G, LG]), [BLOCK_M, P])
             kl = ()
             for k in tl.static_range(TOPK):
                 kl = kl + (tl.where(keep, Lt[k], NEG),)
@@ -843,8 +855,11 @@ def _regs_cap(logits_per_lane: int) -> dict:
     """The launch option that caps "regs"' registers (``{}``: the compiler's choice)."""
     return next(({"maxnreg": r} for n, r in _REGS_MAXNREG if logits_per_lane <= n), {})
 _CONFIGS: dict[int, tuple[str, int, int]] = {0: ("tile", 1, 1), 4096: ("parts", 4, 1)}
-_CONFIGS_REGS: dict[int, tuple[str, int, int]] = {0: ("tile", 1, 1), 1024: ("regs", 4, 1)}
-_CONFIGS_REGS_NO_DROP: dict[int, tuple[str, int, int]] = {0: ("regs", 4, 1)}
+# "regs" with more lanes per token below 4096 tokens (H200, results/gpu_masking_h200_lanes.*): BLOCK_M 1
+# = 32 lanes (DeepSeek-V3: 2.61-2.77 us at <= 256 tokens against tile's 3.13-3.37), 2 = 16 lanes
+# (DeepSeek-V3 at 1024; Kimi-style up to 4096: 2.48-2.77 us at <= 256 against 8 lanes' 3.01-3.22).
+_CONFIGS_REGS: dict[int, tuple[str, int, int]] = {0: ("regs", 1, 1), 1024: ("regs", 2, 1), 4096: ("regs", 4, 1)}
+_CONFIGS_REGS_NO_DROP: dict[int, tuple[str, int, int]] = {0: ("regs", 2, 1), 4097: ("regs", 4, 1)}
 
 
 def default_config(num_tokens: int, num_experts: int, dtype: torch.dtype | None = None, *,
@@ -870,15 +885,18 @@ def _parts_lanes(num_experts: int, num_expert_group: int, topk_group: int, vec: 
     return 8 if num_experts % (8 * vec) == 0 else 0
 
 
-def _regs_lanes(num_experts: int, num_expert_group: int, topk_group: int, topk: int, vec: int) -> int:
-    """Lanes per token for the "regs" kernel (0: it does not apply): one per group when groups
-    are dropped, else 8 slices; a lane's experts are whole sort chunks of 8 and 16-byte loads,
+def _regs_lanes(num_experts: int, num_expert_group: int, topk_group: int, topk: int, vec: int,
+                lanes: int | None = None) -> int:
+    """Lanes per token for the "regs" kernel (0: it does not apply): by default one per group
+    when groups are dropped, else 8 slices; ``lanes`` asks for more (a group then spans
+    ``lanes / groups`` lanes).  A lane's experts are whole sort chunks of 8 and 16-byte loads,
     at most 64 (its bit mask)."""
     if topk != 8:
         return 0
-    p = num_expert_group if num_expert_group > topk_group else 8
+    p = lanes or (num_expert_group if num_expert_group > topk_group else 8)
     sp = num_experts // p
-    ok = p & (p - 1) == 0 and p <= 32 and num_experts % p == 0 and sp % 8 == 0 and sp % vec == 0 and sp <= 64
+    ok = (p & (p - 1) == 0 and p <= 32 and num_experts % p == 0 and sp % 8 == 0 and sp % vec == 0 and sp <= 64
+          and (num_expert_group <= topk_group or p % num_expert_group == 0))
     return p if ok else 0
 
 
@@ -907,8 +925,8 @@ def fused_grouped_topk(
     ``skip_padded_loads`` (default: above 1024 tokens) makes padded rows skip their logits
     load, which pays when bandwidth-bound and costs a dependent load when latency-bound.
     Ids within a row come in ascending expert order (the set is the reference's).
-    ``kernel`` ("tile" / "parts" / "regs" / "rows"), ``block_m`` (tile only) and ``num_warps`` override
-    ``default_config``; ``merge`` (rows / parts): sort-and-merge (default where ``topk`` is a
+    ``kernel`` ("tile" / "parts" / "regs" / "rows"), ``block_m`` (tile; for regs the tokens per
+    program, i.e. 32 x num_warps / lanes per token) and ``num_warps`` override ``default_config``; ``merge`` (rows / parts): sort-and-merge (default where ``topk`` is a
     power of 2 >= the chunk) or insertion for the k best.  "rows" needs the experts per group,
     "parts" those per lane, to be whole 16-byte chunks of logits; else "tile".
     """
@@ -952,7 +970,11 @@ def fused_grouped_topk(
     if kern == "parts":
         lanes = _parts_lanes(num_experts, num_expert_group, topk_group, vec)
     elif kern == "regs":
-        lanes = _regs_lanes(num_experts, num_expert_group, topk_group, topk, vec)
+        # BLOCK_M (a table's, or block_m) = 32 x num_warps / lanes; lanes the router cannot take:
+        # its own default
+        want = 32 * nw // (block_m or bm) if (block_m or bm) < 32 else None
+        lanes = (_regs_lanes(num_experts, num_expert_group, topk_group, topk, vec, want)
+                 or _regs_lanes(num_experts, num_expert_group, topk_group, topk, vec))
     lpg = 0  # lanes per kept group ("parts" with dropped groups); 0: lanes of dropped groups idle
     if kern == "parts" and lanes and num_expert_group > topk_group and lanes % topk_group == 0:
         lpg = lanes // topk_group if (per_group % (lanes // topk_group) == 0
