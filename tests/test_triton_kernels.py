@@ -259,7 +259,6 @@ def test_rows_and_parts_kernels_under_triton_interpreter(kernel):
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), (r.stdout[-1000:], r.stderr[-3000:])
 
 
-
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed: no interpreter to run the kernel source")
 def test_regs_wide_lanes_under_triton_interpreter():
     """"regs" with more lanes per token than groups (BLOCK_M = 32 x warps / lanes: a group spans
@@ -383,7 +382,6 @@ def test_gpu_fused_grouped_topk_matches_reference(E, G, TG, K, scale, T, dtype, 
     same_routing_up_to_near_ties(fw[~pad], fi[~pad], rw[~pad], ri[~pad], choice[~pad], G, TG, K)
 
 
-
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("E,G,TG,K,scale", ROUTERS)
@@ -411,10 +409,10 @@ def test_gpu_regs_wide_lanes_matches_reference(E, G, TG, K, scale, T, dtype, lan
     choice = x.float().sigmoid() + b
     same_routing_up_to_near_ties(fw[~pad], fi[~pad], rw[~pad], ri[~pad], choice[~pad], G, TG, K)
     xi = torch.randint(-2, 3, (T, E), generator=g, device="cuda").to(dtype)
+    bi = torch.full((E,), 0.25, device="cuda")
     kw.pop("is_padding")
-    fw, fi = fused_grouped_topk(xi, torch.full((E,), 0.25, device="cuda"), kernel="regs", block_m=32 // lanes,
-                                num_warps=1, **kw)
-    same_routing(fw, fi, *grouped_topk_reference(xi, torch.full((E,), 0.25, device="cuda"), **kw))
+    fw, fi = fused_grouped_topk(xi, bi, kernel="regs", block_m=32 // lanes, num_warps=1, **kw)
+    same_routing(fw, fi, *grouped_topk_reference(xi, bi, **kw))
 
 
 @pytest.mark.gpu

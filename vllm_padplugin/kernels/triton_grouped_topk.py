@@ -839,9 +839,9 @@ if HAS_TRITON:
 # for.  From the H200 sweeps (benchmarks/gpu_masking.py --tune): "tile" with one token per
 # one-warp program wins up to 1024 tokens, "parts" with one warp (4 tokens x 8 lanes) from
 # 4096 on (results/gpu_masking_h200_final.json; 1025-4095 tokens not measured, stay "tile").
-# Routers that drop groups (DeepSeek-V3) where "regs" applies: "regs" with one warp from 1024
-# tokens, fp32 and bf16 (results/gpu_masking_h200_regs.json: 4.23 vs tile's 4.38 us at 1024
-# fp32, 22.1 vs parts' 29.8 us at 32768).  Routers that keep every group (Kimi-style): "regs"
+# Routers that drop groups (DeepSeek-V3) where "regs" applies: "regs" with one warp, fp32 and
+# bf16 (results/gpu_masking_h200_regs.json: 4.23 vs tile's 4.38 us at 1024 fp32, 22.1 vs parts'
+# 29.8 us at 32768; below 4096 tokens with more lanes, see the note at the tables).  Routers that keep every group (Kimi-style): "regs"
 # at every size (results/gpu_masking_h200_regs_kimi.json: 3.03 vs tile's 3.14 us at 16 tokens
 # fp32, 25.9 vs parts' 39.5 at 32768).
 # Registers per thread for "regs" by logits a lane (up to): ptxas for sm_90 spills nothing
@@ -854,6 +854,8 @@ _REGS_MAXNREG = ((32, 64),)
 def _regs_cap(logits_per_lane: int) -> dict:
     """The launch option that caps "regs"' registers (``{}``: the compiler's choice)."""
     return next(({"maxnreg": r} for n, r in _REGS_MAXNREG if logits_per_lane <= n), {})
+
+
 _CONFIGS: dict[int, tuple[str, int, int]] = {0: ("tile", 1, 1), 4096: ("parts", 4, 1)}
 # "regs" with more lanes per token below 4096 tokens (H200, results/gpu_masking_h200_lanes.*): BLOCK_M 1
 # = 32 lanes (DeepSeek-V3: 2.61-2.77 us at <= 256 tokens against tile's 3.13-3.37), 2 = 16 lanes
@@ -926,7 +928,8 @@ def fused_grouped_topk(
     load, which pays when bandwidth-bound and costs a dependent load when latency-bound.
     Ids within a row come in ascending expert order (the set is the reference's).
     ``kernel`` ("tile" / "parts" / "regs" / "rows"), ``block_m`` (tile; for regs the tokens per
-    program, i.e. 32 x num_warps / lanes per token) and ``num_warps`` override ``default_config``; ``merge`` (rows / parts): sort-and-merge (default where ``topk`` is a
+    program, i.e. 32 x num_warps / lanes per token) and ``num_warps`` override
+    ``default_config``; ``merge`` (rows / parts): sort-and-merge (default where ``topk`` is a
     power of 2 >= the chunk) or insertion for the k best.  "rows" needs the experts per group,
     "parts" those per lane, to be whole 16-byte chunks of logits; else "tile".
     """
@@ -972,7 +975,8 @@ def fused_grouped_topk(
     elif kern == "regs":
         # BLOCK_M (a table's, or block_m) = 32 x num_warps / lanes; lanes the router cannot take:
         # its own default
-        want = 32 * nw // (block_m or bm) if (block_m or bm) < 32 else None
+        tokens = block_m or bm
+        want = 32 * nw // tokens if tokens < 32 else None
         lanes = (_regs_lanes(num_experts, num_expert_group, topk_group, topk, vec, want)
                  or _regs_lanes(num_experts, num_expert_group, topk_group, topk, vec))
     lpg = 0  # lanes per kept group ("parts" with dropped groups); 0: lanes of dropped groups idle
