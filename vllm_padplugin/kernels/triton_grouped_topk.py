@@ -520,7 +520,8 @@ if HAS_TRITON:
     def _lanes_finish(w_out_ptr, ids_out_ptr, obase, lane, wsum, scale, ok_st, row_ok, pad, BM: tl.constexpr,
                       P: tl.constexpr, TOPK: tl.constexpr, RENORM: tl.constexpr, HAS_PAD: tl.constexpr):
         """End of the lanes kernels: the lanes wrote unscaled weights, so after a barrier lane p
-        scales slots p, p + P, ..; padded rows get (-1, 0)."""
+        scales slots p, p + P, ..; padded rows get (-1, 0) (with renormalisation from the same
+        weight store)."""
         if RENORM:
             f = (scale / tl.sum(wsum, axis=1))[:, None]
             tl.debug_barrier()
@@ -528,8 +529,13 @@ if HAS_TRITON:
                 slot = k0 + lane
                 sm = ok_st[:, None] & (slot < TOPK)
                 w = tl.load(w_out_ptr + obase + slot, mask=sm, other=0.0)
-                tl.store(w_out_ptr + obase + slot, w * f, mask=sm)
-        if HAS_PAD:
+                if HAS_PAD:  # one weight store for routed and padded rows
+                    pm = (pad & row_ok)[:, None] & (slot < TOPK)
+                    tl.store(w_out_ptr + obase + slot, tl.where(sm, w * f, 0.0), mask=sm | pm)
+                    tl.store(ids_out_ptr + obase + slot, tl.full([BM, P], -1, tl.int32), mask=pm)
+                else:
+                    tl.store(w_out_ptr + obase + slot, w * f, mask=sm)
+        elif HAS_PAD:
             for k0 in tl.static_range(0, TOPK, P):
                 slot = k0 + lane
                 pm = (pad & row_ok)[:, None] & (slot < TOPK)
