@@ -37,6 +37,21 @@ def _run_py(code: str, **env) -> subprocess.CompletedProcess:
     )
 
 
+# Triton's interpreter before triton-lang/triton#9172 (3.6 still has it) turns a loop bound that
+# the kernel computes into int() of a 1-element array, which numpy >= 2.4 refuses (#9171)
+_INTERPRETER_NUMPY_BUG = ("int(self.handle.data))", "only 0-dimensional arrays can be converted")
+
+
+def _run_interpreted(code: str) -> None:
+    """Run ``code`` under Triton's CPU interpreter in a subprocess; it must print "ok".  Skips,
+    naming the upstream bug, where that interpreter cannot run a loop with a computed bound."""
+    r = _run_py(code, TRITON_INTERPRET="1")
+    if r.returncode and all(s in r.stderr for s in _INTERPRETER_NUMPY_BUG):
+        pytest.skip("this Triton's interpreter cannot take a loop bound from a tensor under numpy >= 2.4 "
+                    "(triton-lang/triton#9171, fixed by #9172); the gpu tests run the compiled kernel")
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), (r.stdout[-1000:], r.stderr[-3000:])
+
+
 def bits(t):
     return t.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
 
@@ -147,7 +162,7 @@ def test_default_config_picks_regs_where_it_was_timed():
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed: no interpreter to run the kernel source")
 def test_kernel_source_under_triton_interpreter():
-    r = _run_py(
+    _run_interpreted(
         """
         import torch
         from vllm_padplugin.kernels.triton_mask import can_use_triton, mask_padded_routes_inplace
@@ -187,10 +202,8 @@ def test_kernel_source_under_triton_interpreter():
                     assert torch.equal(fs, rs), (E, x.dtype, b is None, bm)
                     assert torch.allclose(fw.gather(1, fo), rw.gather(1, ro), atol=1e-6, rtol=1e-5)
         print("ok")
-        """,
-        TRITON_INTERPRET="1",
+        """
     )
-    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), (r.stdout[-1000:], r.stderr[-3000:])
 
 
 
@@ -222,7 +235,7 @@ def test_rows_and_parts_kernels_under_triton_interpreter(kernel):
     """The one-thread-per-token ("rows") and lanes-per-token ("parts", "regs") kernels' source, run by
     the interpreter: both routers, fp32 / bf16, bias or not, mask, sort-merge and insertion,
     renormalised or not, integer logits (ties everywhere: lowest id wins)."""
-    r = _run_py(
+    _run_interpreted(
         f"""
         import torch
         from vllm_padplugin.kernels.triton_grouped_topk import fused_grouped_topk
@@ -253,10 +266,8 @@ def test_rows_and_parts_kernels_under_triton_interpreter(kernel):
                 live = ~m[:37]
                 assert torch.equal(fi[live], fi[live].sort(1).values)  # ascending expert id
         print("ok")
-        """,
-        TRITON_INTERPRET="1",
+        """
     )
-    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), (r.stdout[-1000:], r.stderr[-3000:])
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed: no interpreter to run the kernel source")
@@ -265,7 +276,7 @@ def test_regs_wide_lanes_under_triton_interpreter():
     neighbouring lanes, its rank a top-2 reduction over them; the small-batch layout): the
     reference's sets, ascending ids, padded rows (-1, 0); lanes a router cannot take fall back to
     its own default layout."""
-    r = _run_py(
+    _run_interpreted(
         """
         import torch
         from vllm_padplugin.kernels.triton_grouped_topk import fused_grouped_topk, _regs_lanes
@@ -292,10 +303,8 @@ def test_regs_wide_lanes_under_triton_interpreter():
                 assert torch.equal(fi[live], fi[live].sort(1).values)
                 assert (fi[m[:21]] == -1).all() and (fw[m[:21]] == 0).all()
         print("ok")
-        """,
-        TRITON_INTERPRET="1",
+        """
     )
-    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), (r.stdout[-1000:], r.stderr[-3000:])
 
 
 # ------------------------------------------------------------------ GPU
