@@ -521,16 +521,16 @@ if HAS_TRITON:
                       P: tl.constexpr, TOPK: tl.constexpr, RENORM: tl.constexpr, HAS_PAD: tl.constexpr):
         """End of the lanes kernels: the lanes wrote unscaled weights, so after a barrier lane p
         scales slots p, p + P, ..; padded rows get (-1, 0) (with renormalisation from the same
-        weight store)."""
+        weight store).  The row flags ``ok_st`` / ``row_ok`` / ``pad`` are [BM, 1] or [BM, P]."""
         if RENORM:
             f = (scale / tl.sum(wsum, axis=1))[:, None]
             tl.debug_barrier()
             for k0 in tl.static_range(0, TOPK, P):
                 slot = k0 + lane
-                sm = ok_st[:, None] & (slot < TOPK)
+                sm = ok_st & (slot < TOPK)
                 w = tl.load(w_out_ptr + obase + slot, mask=sm, other=0.0)
                 if HAS_PAD:  # one weight store for routed and padded rows
-                    pm = (pad & row_ok)[:, None] & (slot < TOPK)
+                    pm = (pad & row_ok) & (slot < TOPK)
                     tl.store(w_out_ptr + obase + slot, tl.where(sm, w * f, 0.0), mask=sm | pm)
                     tl.store(ids_out_ptr + obase + slot, tl.full([BM, P], -1, tl.int32), mask=pm)
                 else:
@@ -538,7 +538,7 @@ if HAS_TRITON:
         elif HAS_PAD:
             for k0 in tl.static_range(0, TOPK, P):
                 slot = k0 + lane
-                pm = (pad & row_ok)[:, None] & (slot < TOPK)
+                pm = (pad & row_ok) & (slot < TOPK)
                 tl.store(ids_out_ptr + obase + slot, tl.full([BM, P], -1, tl.int32), mask=pm)
                 tl.store(w_out_ptr + obase + slot, tl.zeros([BM, P], tl.float32), mask=pm)
 
@@ -687,8 +687,8 @@ if HAS_TRITON:
                     wsum += tl.where(take, ss[j], 0.0)
                 n += take.to(tl.int32)
         obase = rows.to(tl.int64)[:, None] * TOPK
-        _lanes_finish(w_out_ptr, ids_out_ptr, obase, lane, wsum, scale, ok_st, row_ok, pad, BLOCK_M, P, TOPK,
-                      RENORM, HAS_PAD)
+        _lanes_finish(w_out_ptr, ids_out_ptr, obase, lane, wsum, scale, ok_st[:, None], row_ok[:, None], pad[:, None],
+                      BLOCK_M, P, TOPK, RENORM, HAS_PAD)
 
     @triton.jit
     def _grouped_topk_regs_kernel(
@@ -736,14 +736,23 @@ if HAS_TRITON:
         NCH: tl.constexpr = SP // VEC
         pid = tl.program_id(0)
         rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
-        row_ok = rows < T
+        lane = tl.arange(0, P)[None, :]  # [1, P]
+        # Row flags: under the 64-register cap (<= 32 logits a lane) in the lanes' [BM, P] layout
+        # from the start, so the padding flag is loaded once (a [BM] flag is loaded again for each
+        # layout it meets; H200, DeepSeek-V3, nothing padded: mask +1.9-4.7 % -> -1.2-+4.0 %).
+        # With more logits a lane per-lane flags cost registers, hence blocks a SM (Kimi-style
+        # 32768 tokens: +7.5 % instead of +2.0 %): [BM, 1] there.  benchmarks/RESULTS.md.
+        if SP <= 32:
+            rr = rows[:, None] + 0 * lane  # [BM, P]
+        else:
+            rr = rows[:, None]  # [BM, 1]
+        row_ok = rr < T
         live = row_ok
-        pad = tl.zeros([BLOCK_M], tl.int1)  # no mask: no row is padded
+        pad = row_ok & False  # no mask: no row is padded
         if HAS_PAD:
-            pad = tl.load(pad_ptr + rows.to(tl.int64) * pad_stride, mask=row_ok, other=0) != 0
+            pad = tl.load(pad_ptr + rr.to(tl.int64) * pad_stride, mask=row_ok, other=0) != 0
             if SKIP_PADDED_LOADS:
                 live = row_ok & (pad == 0)
-        lane = tl.arange(0, P)[None, :]  # [1, P]
         vv = tl.arange(0, VEC)[None, None, :]
         e_lane = lane * SP  # first expert of each lane
         rows64 = rows.to(tl.int64)[:, None]
@@ -751,7 +760,7 @@ if HAS_TRITON:
         # the bias as [BM, P, VEC] too (rows re-read it from L1): a [1, P, VEC] load gets another
         # layout and a shared-memory conversion per chunk
         bp = bias_ptr + (e_lane[:, :, None] + vv + 0 * rows[:, None, None])
-        lm = live[:, None, None]
+        lm = live[:, :, None]
 
         xs = ()  # every load first: NCH 16-byte loads in flight per lane
         for ci in tl.static_range(NCH):
@@ -820,7 +829,7 @@ if HAS_TRITON:
         ok_st = row_ok
         if HAS_PAD:
             ok_st = ok_st & (pad == 0)
-        ok2 = ok_st[:, None] & keep
+        ok2 = ok_st & keep
         obase = rows64 * TOPK
         wsum = tl.zeros([BLOCK_M, P], tl.float32)
         nmax = tl.max(tl.max(tl.where(ok2, n_take, 0), axis=1), axis=0)
