@@ -284,8 +284,9 @@ def test_regs_wide_lanes_under_triton_interpreter():
         torch.manual_seed(1)
         assert _regs_lanes(256, 8, 4, 8, 4, 32) == 32 and _regs_lanes(256, 8, 4, 8, 4, 4) == 0  # < groups
         assert _regs_lanes(384, 1, 1, 8, 4, 16) == 16 and _regs_lanes(384, 1, 1, 8, 4, 32) == 0  # 12 a lane
+        assert _regs_lanes(128, 1, 1, 8, 4, 4) == 4  # fewer lanes than output slots
         cases = [(256, 8, 4, 8, 2.5, 16), (256, 8, 4, 8, 2.5, 32), (384, 1, 1, 8, 2.827, 16),
-                 (128, 4, 2, 8, 1.0, 16), (384, 1, 1, 8, 1.0, 32)]
+                 (128, 4, 2, 8, 1.0, 16), (384, 1, 1, 8, 1.0, 32), (128, 1, 1, 8, 1.0, 4)]  # 4: 2 slots a lane
         for E, G, TG, K, s, lanes in cases:
             for dt, ints, bias in [(torch.float32, False, True), (torch.bfloat16, False, True),
                                    (torch.float32, False, False), (torch.float32, True, True),
@@ -429,11 +430,12 @@ def test_gpu_regs_wide_lanes_matches_reference(E, G, TG, K, scale, T, dtype, lan
 @pytest.mark.parametrize("E,G,TG,K,scale", ROUTERS)
 @pytest.mark.parametrize("kernel,block_m,num_warps", [("tile", 1, 1), ("tile", 2, 1), ("tile", 4, 1), ("tile", 2, 2),
                                                      ("tile", 4, 2), ("tile", 8, 2), ("tile", 8, 4), ("tile", 16, 4),
-                                                     ("rows", 0, 1), ("rows", 0, 4), ("parts", 0, 1), ("parts", 0, 4)])
+                                                     ("rows", 0, 1), ("rows", 0, 4), ("parts", 0, 1), ("parts", 0, 4),
+                                                     ("regs", 4, 1), ("regs", 8, 2)])
 @pytest.mark.parametrize("merge", [True, False])
 def test_gpu_fused_grouped_topk_ties_lowest_id(E, G, TG, K, scale, kernel, block_m, num_warps, merge):
     """Integer logits tie everywhere: the exact (lowest-id) path must give the reference's sets."""
-    if kernel == "tile" and not merge:
+    if kernel in ("tile", "regs") and not merge:
         pytest.skip("merge is a rows / parts option")
     g = torch.Generator(device="cuda").manual_seed(E + block_m)
     x = torch.randint(-2, 3, (515, E), generator=g, device="cuda").to(torch.bfloat16)

@@ -18,8 +18,9 @@ benchmarks/RESULTS.md):
 * ``regs`` (wherever it applies; H200: faster than ``parts`` and ``tile`` at every timed size):
   P lanes per token whose logits stay in registers: each read and put through the sigmoid
   once (``parts`` recomputes the kept experts' twice), a group's rank from the lane's
-  sorted top-8, a butterfly merge of the lanes' lists (``tl.reduce``), writes by popping a
-  bit mask.  ``topk`` = 8 only.
+  sorted top-8, a butterfly merge of the lanes' lists (``tl.reduce``), each lane's taken
+  experts as a bit mask, then lane s writes output slot s (or, 48 logits a lane, each lane its
+  own, popping the mask).  ``topk`` = 8 only.
   ~275 warp instructions per token for DeepSeek-V3 fp32 against ``parts``' ~350 (SASS).
   Below 4096 tokens with 16 or 32 lanes per token (a group then spans neighbouring lanes, its
   rank a top-2 reduction over them): fewer logits per thread, so a shorter chain per token,
@@ -543,6 +544,55 @@ if HAS_TRITON:
                 tl.store(w_out_ptr + obase + slot, tl.zeros([BM, P], tl.float32), mask=pm)
 
     @triton.jit
+    def _slots_write(logits_ptr, w_out_ptr, ids_out_ptr, rows64, stride_t, lane, m, off, scale, ok_st, row_ok, pad,
+                     FAST: tl.constexpr, BM: tl.constexpr, P: tl.constexpr, SP: tl.constexpr, TOPK: tl.constexpr,
+                     RENORM: tl.constexpr):
+        """Lane s writes output slot s (s, s + P, .. when P < TOPK): the lanes' taken experts
+        (bit masks ``m``) fill slots [off, off + its count) in ascending id, so slot s belongs
+        to the last lane whose ``off`` <= s (``off`` is non-decreasing: a binary search over
+        the lanes by ``tl.gather``, a warp shuffle) and is that lane's (s - off)-th taken bit.
+        One logit reload a slot, all slots of a row at once, the weight sum by a shuffle
+        reduction: no loop whose trip count is the busiest lane's, no barrier and no reload of
+        written weights.  Padded rows get (-1, 0) from the same stores."""
+        LOG_P: tl.constexpr = P.bit_length() - 1
+        NS: tl.constexpr = (TOPK + P - 1) // P  # slots a lane
+        ws = ()
+        eids = ()
+        wsum = tl.zeros([BM], tl.float32)
+        for k in tl.static_range(NS):
+            slot = k * P + lane
+            q = tl.zeros_like(off)
+            oq = tl.zeros_like(off)
+            for b in tl.static_range(LOG_P):
+                cand = q + (P >> (b + 1))
+                oc = tl.gather(off, cand, 1)
+                up = oc <= slot
+                q = tl.where(up, cand, q)
+                oq = tl.where(up, oc, oq)
+            mq = tl.gather(m, q, 1)
+            j = slot - oq
+            for i in tl.static_range(TOPK - 1):  # drop the j lowest taken bits
+                mq = tl.where(j > i, mq & (mq - 1), mq)
+            low = mq & (-mq)
+            bit = ((low.to(tl.float32).to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+            eid = q * SP + bit
+            act = ok_st & (slot < TOPK)
+            x = tl.load(logits_ptr + rows64 * stride_t + eid, mask=act, other=0.0).to(tl.float32)
+            s = tl.where(act, _sigmoid_rows(x, FAST), 0.0)
+            wsum += tl.sum(s, axis=1)
+            ws = ws + (s,)
+            eids = eids + (eid,)
+        if RENORM:
+            f = (scale / wsum)[:, None]
+        else:
+            f = scale
+        for k in tl.static_range(NS):
+            slot = k * P + lane
+            sm = row_ok & (slot < TOPK)
+            tl.store(ids_out_ptr + rows64 * TOPK + slot, tl.where(pad, -1, eids[k]), mask=sm)
+            tl.store(w_out_ptr + rows64 * TOPK + slot, tl.where(pad, 0.0, ws[k] * f), mask=sm)
+
+    @triton.jit
     def _grouped_topk_parts_kernel(
         logits_ptr,
         bias_ptr,
@@ -728,9 +778,10 @@ if HAS_TRITON:
         without a bias); the ``TOPK_GROUP`` best lanes are kept (lowest id on ties), the others'
         lists emptied; ``thr`` and the lanes' slots come from ``_union_slots``.  A lane then
         marks its taken experts in a bit mask (>= ``thr``; an exact lowest-id count of the ties
-        only in a block where some lane takes part of its ties) and writes them by popping the
-        mask's lowest bit: a few iterations instead of a store per expert.  The weight of a
-        taken expert is its sigmoid, recomputed from one cached load.  ``LPG`` is unused.
+        only in a block where some lane takes part of its ties).  Up to 32 logits a lane,
+        ``_slots_write`` then has lane s write output slot s; with more, each lane writes its own
+        by popping the mask's lowest bit.  The weight of a taken expert is its sigmoid,
+        recomputed from one cached load.  ``LPG`` is unused.
         """
         NEG: tl.constexpr = float("-inf")
         NCH: tl.constexpr = SP // VEC
@@ -805,7 +856,6 @@ if HAS_TRITON:
         else:
             keep = tl.full([BLOCK_M, P], 1, tl.int1)
         t2, n_gt, n_eq, take_eq, off = _union_slots(Lt, BLOCK_M, TOPK, True)
-        n_take = n_gt + take_eq
 
         # the lane's taken experts as bits: all its values >= thr, unless it takes only part of
         # its ties (or may hold more ties than its list shows): then count them, lowest id first
@@ -829,26 +879,34 @@ if HAS_TRITON:
         ok_st = row_ok
         if HAS_PAD:
             ok_st = ok_st & (pad == 0)
-        ok2 = ok_st & keep
-        obase = rows64 * TOPK
-        wsum = tl.zeros([BLOCK_M, P], tl.float32)
-        nmax = tl.max(tl.max(tl.where(ok2, n_take, 0), axis=1), axis=0)
-        for it in range(0, nmax):  # pop the lowest set bit: ascending id within the lane
-            low = m & (-m)
-            act = (m != 0) & ok2
-            m = m ^ low
-            j = ((low.to(tl.float32).to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
-            eid = e_lane + j
-            x = tl.load(logits_ptr + rows64 * stride_t + eid, mask=act, other=0.0).to(tl.float32)
-            s = _sigmoid_rows(x, FAST_SIGMOID)
-            if not RENORM:
-                s = s * scale
-            tl.store(ids_out_ptr + obase + off + it, eid, mask=act)
-            tl.store(w_out_ptr + obase + off + it, s, mask=act)
-            if RENORM:
-                wsum += tl.where(act, s, 0.0)
-        _lanes_finish(w_out_ptr, ids_out_ptr, obase, lane, wsum, scale, ok_st, row_ok, pad, BLOCK_M, P, TOPK,
-                      RENORM, HAS_PAD)
+        # Lane s writes slot s where a lane holds <= 32 logits (H200, DeepSeek-V3 32768 tokens: fp32
+        # 22.1 -> 20.3 us, bf16 16.6 -> 15.2).  With 48 (Kimi-style, 8 lanes: no group dropped, a
+        # lane takes ~1 expert, so the pop loop below runs ~2 rounds) it measured slower: fp32
+        # 32768 25.2 -> 27.7 us.  benchmarks/RESULTS.md.
+        if SP <= 32:
+            _slots_write(logits_ptr, w_out_ptr, ids_out_ptr, rows64, stride_t, lane, m, off, scale, ok_st, row_ok,
+                         pad, FAST_SIGMOID, BLOCK_M, P, SP, TOPK, RENORM)
+        else:
+            ok2 = ok_st & keep
+            obase = rows64 * TOPK
+            wsum = tl.zeros([BLOCK_M, P], tl.float32)
+            nmax = tl.max(tl.max(tl.where(ok2, n_gt + take_eq, 0), axis=1), axis=0)
+            for it in range(0, nmax):  # pop the lowest set bit: ascending id within the lane
+                low = m & (-m)
+                act = (m != 0) & ok2
+                m = m ^ low
+                j = ((low.to(tl.float32).to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+                eid = e_lane + j
+                x = tl.load(logits_ptr + rows64 * stride_t + eid, mask=act, other=0.0).to(tl.float32)
+                s = _sigmoid_rows(x, FAST_SIGMOID)
+                if not RENORM:
+                    s = s * scale
+                tl.store(ids_out_ptr + obase + off + it, eid, mask=act)
+                tl.store(w_out_ptr + obase + off + it, s, mask=act)
+                if RENORM:
+                    wsum += tl.where(act, s, 0.0)
+            _lanes_finish(w_out_ptr, ids_out_ptr, obase, lane, wsum, scale, ok_st, row_ok, pad, BLOCK_M, P, TOPK,
+                          RENORM, HAS_PAD)
 
 # (kernel, BLOCK_M, num_warps) per batch size; key = the smallest batch size an entry is
 # for.  From the H200 sweeps (benchmarks/gpu_masking.py --tune): "tile" with one token per
