@@ -110,12 +110,12 @@ def replay_us(g: torch.cuda.CUDAGraph, inner: int) -> float:
 
 def graph_time_us(fns, *, target_ms: float = 5.0, repeats: int = 9, max_inner: int = 200) -> dict:
     """µs per call under CUDA-graph replay; ``fns`` (a callable or a list of them, called in turn)."""
+    fns = fns if isinstance(fns, (list, tuple)) else [fns]
     g, inner = capture_graph(fns, target_ms=target_ms, max_inner=max_inner)
     times = sorted(replay_us(g, inner) for _ in range(repeats))
     del g
     return {"median_us": statistics.median(times), "min_us": times[0], "max_us": times[-1],
-            "calls_per_graph": inner, "input_sets": len(fns) if isinstance(fns, (list, tuple)) else 1,
-            "repeats": repeats}
+            "calls_per_graph": inner, "input_sets": len(fns), "repeats": repeats}
 
 
 def copy_bandwidth(dev: str) -> dict:
@@ -147,6 +147,20 @@ def routing_inputs(T: int, num_experts: int, dtype, gen: torch.Generator, dev: s
     mask[T - int(T * PAD_FRACTION) : T] = True
     mask[T:] = torch.rand(128, generator=gen, device=dev) < 0.5  # beyond the batch: must be ignored
     return logits, bias, mask
+
+
+def input_sets(logits: torch.Tensor, gen: torch.Generator) -> list[torch.Tensor]:
+    """``logits`` and more random logits like it, ROTATE_BYTES in all (at most 64): a graph that
+    cycles through them reads its logits from HBM, not from the L2."""
+    n = max(1, min(64, math.ceil(ROTATE_BYTES / logits.nbytes)))
+    return [logits] + [torch.randn(logits.shape, generator=gen, device=logits.device).to(logits.dtype)
+                       for _ in range(n - 1)]
+
+
+def route_kwargs(cfg: dict) -> dict:
+    """``fused_grouped_topk`` / reference keyword arguments of a ROUTERS entry."""
+    return dict(topk=cfg["topk"], num_expert_group=cfg["num_expert_group"], topk_group=cfg["topk_group"],
+                renormalize=True, routed_scaling_factor=cfg["scale"])
 
 
 def bench_mask(T: int, dev: str, gen: torch.Generator) -> dict:
@@ -200,9 +214,12 @@ def check_routing(fw, fi, rw, ri, choice, cfg=None, tie_eps: float = 2e-6) -> di
             "max_weight_abs_diff": float(wdiff.max()) if wdiff.numel() else 0.0}
 
 
-def check_output(out, rw, ri, choice, cfg, pad) -> dict:
-    """``check_routing`` of the kernel's ``out`` (filled with NaN / -7 before the launch), plus:
+def check_output(launch, out, rw, ri, choice, cfg, pad) -> dict:
+    """Poison ``out`` (NaN / -7), ``launch()`` the kernel into it, then ``check_routing`` plus:
     padded rows exactly (-1, 0) and every element written."""
+    out[0].fill_(float("nan"))
+    out[1].fill_(-7)
+    launch()
     c = check_routing(*out, rw, ri, choice, cfg)
     c["padded_rows_exact"] = bool((out[1][pad] == -1).all() and (out[0][pad] == 0).all())
     c["all_written"] = bool((out[1] != -7).all() and not out[0].isnan().any())
@@ -221,10 +238,9 @@ def bench_route(router: str, dname: str, T: int, dev: str, gen: torch.Generator,
     dtype = DTYPES[dname]
     E, k = cfg["num_experts"], cfg["topk"]
     logits, bias, mask = routing_inputs(T, E, dtype, gen, dev)
-    kw = dict(topk=k, num_expert_group=cfg["num_expert_group"], topk_group=cfg["topk_group"],
-              renormalize=True, routed_scaling_factor=cfg["scale"])
-    nsets = max(1, min(64, math.ceil(ROTATE_BYTES / logits.nbytes)))
-    sets = [logits] + [torch.randn(T, E, generator=gen, device=dev).to(dtype) for _ in range(nsets - 1)]
+    kw = route_kwargs(cfg)
+    sets = input_sets(logits, gen)
+    nsets = len(sets)
     rw, ri = grouped_topk_reference(logits, bias, is_padding=mask[:T], **kw)
     choice = logits.float().sigmoid() + bias
     out = (torch.full((T, k), float("nan"), device=dev), torch.full((T, k), -7, dtype=torch.int32, device=dev))
@@ -240,10 +256,8 @@ def bench_route(router: str, dname: str, T: int, dev: str, gen: torch.Generator,
             skw = dict(kw, kernel=skern, block_m=sbm, num_warps=snw, merge=smerge)
             entry = {"kernel": skern, "block_m": sbm, "num_warps": snw, "merge": smerge}
             try:
-                out[0].fill_(float("nan"))
-                out[1].fill_(-7)
-                fused_grouped_topk(logits, bias, is_padding=mask, out=out, **skw)
-                chk = check_output(out, rw, ri, choice, cfg, mask[:T])
+                chk = check_output(lambda: fused_grouped_topk(logits, bias, is_padding=mask, out=out, **skw),
+                                   out, rw, ri, choice, cfg, mask[:T])
                 t = graph_time_us([lambda x=x: fused_grouped_topk(x, bias, out=out, **skw) for x in sets],
                                   target_ms=3, repeats=5)
                 res["sweep"].append(dict(entry, us=t["median_us"], check=chk))
@@ -255,10 +269,8 @@ def bench_route(router: str, dname: str, T: int, dev: str, gen: torch.Generator,
     res["config"] = {"kernel": kern, "block_m": bm, "num_warps": nw, "merge": merge}
     fkw = dict(kw, kernel=kern, block_m=bm, num_warps=nw, merge=merge)
 
-    out[0].fill_(float("nan"))
-    out[1].fill_(-7)  # poison: every element must be written
-    fused_grouped_topk(logits, bias, is_padding=mask, out=out, **fkw)
-    res["check"] = check_output(out, rw, ri, choice, cfg, mask[:T])
+    res["check"] = check_output(lambda: fused_grouped_topk(logits, bias, is_padding=mask, out=out, **fkw),
+                                out, rw, ri, choice, cfg, mask[:T])
 
     res["fused"] = graph_time_us([lambda x=x: fused_grouped_topk(x, bias, out=out, **fkw) for x in sets])
     res["fused_masked"] = graph_time_us(

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 import time
@@ -37,8 +36,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_masking import (DTYPES, ROTATE_BYTES, ROUTERS, capture_graph, check_output, output_ok,  # noqa: E402
-                         replay_us, routing_inputs)
+from gpu_masking import (DTYPES, ROUTERS, capture_graph, check_output, input_sets, output_ok,  # noqa: E402
+                         replay_us, route_kwargs, routing_inputs)
 
 from vllm_padplugin.kernels.reference import grouped_topk_reference  # noqa: E402
 from vllm_padplugin.kernels.triton_grouped_topk import default_config, fused_grouped_topk  # noqa: E402
@@ -52,10 +51,9 @@ def measure(router: str, dname: str, T: int, dev: str, gen: torch.Generator, rou
     cfg = ROUTERS[router]
     E, k = cfg["num_experts"], cfg["topk"]
     logits, bias, mask = routing_inputs(T, E, DTYPES[dname], gen, dev)
-    nsets = max(1, min(64, math.ceil(ROTATE_BYTES / logits.nbytes)))
-    sets = [logits] + [torch.randn(T, E, generator=gen, device=dev).to(logits.dtype) for _ in range(nsets - 1)]
-    kw = dict(topk=k, num_expert_group=cfg["num_expert_group"], topk_group=cfg["topk_group"],
-              renormalize=True, routed_scaling_factor=cfg["scale"])
+    sets = input_sets(logits, gen)
+    nsets = len(sets)
+    kw = route_kwargs(cfg)
     no_pad = torch.zeros_like(mask)
     extra = {"none": {}, "again": {}, "nopad": {"is_padding": no_pad},
              "nopad_loads": {"is_padding": no_pad, "skip_padded_loads": False}, "pad25": {"is_padding": mask},
@@ -64,12 +62,10 @@ def measure(router: str, dname: str, T: int, dev: str, gen: torch.Generator, rou
     choice = logits.float().sigmoid() + bias
     checks = {}
     for name, ex in extra.items():
-        out[0].fill_(float("nan"))
-        out[1].fill_(-7)
-        fused_grouped_topk(logits, bias, out=out, **kw, **ex)
-        pm = ex.get("is_padding")
-        rw, ri = grouped_topk_reference(logits, bias, is_padding=None if pm is None else pm[:T], **kw)
-        checks[name] = check_output(out, rw, ri, choice, cfg, ex.get("is_padding", no_pad)[:T])
+        pad = ex.get("is_padding", no_pad)[:T]
+        rw, ri = grouped_topk_reference(logits, bias, is_padding=pad, **kw)
+        checks[name] = check_output(lambda ex=ex: fused_grouped_topk(logits, bias, out=out, **kw, **ex),
+                                    out, rw, ri, choice, cfg, pad)
     graphs = {name: capture_graph([lambda x=x, ex=ex: fused_grouped_topk(x, bias, out=out, **kw, **ex) for x in sets],
                                   target_ms=target_ms)
               for name, ex in extra.items()}
