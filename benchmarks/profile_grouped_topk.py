@@ -36,6 +36,7 @@ def sass_stats(kernels=None, routers=None):
     """Per (kernel variant, router, dtype) compiled for sm_90 as a launch specialises it: yields
     dicts of name, router, dtype, instructions, registers, stack (bytes: spills), loops (bodies'
     lengths).  ``kernels`` / ``routers``: only these names."""
+    import inspect
     import os
     import re
     import subprocess
@@ -72,6 +73,12 @@ def sass_stats(kernels=None, routers=None):
                                                                       LPG=0, **fast))
                 variants["regs+mask"] = (m._grouped_topk_regs_kernel,
                                          dict(variants["regs"][1], HAS_PAD=True, SKIP_PADDED_LOADS=True))
+                # the variants not served until timed (fused_grouped_topk's short_chain / l2_prefetch);
+                # PF_BLOCKS: one wave of 32 one-warp programs on 132 SMs
+                variants["regs+mask+short"] = (m._grouped_topk_regs_kernel,
+                                               dict(variants["regs+mask"][1], SHORT_CHAIN=True))
+                variants["regs+mask+l2pf"] = (m._grouped_topk_regs_kernel,
+                                              dict(variants["regs+mask"][1], PF_BLOCKS=32 * 132))
             for name, (fn, ce) in variants.items():
                 if kernels is not None and name not in kernels:
                     continue
@@ -81,8 +88,10 @@ def sass_stats(kernels=None, routers=None):
                             "scale": "fp32"})
                 names = list(sig)
                 attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in div16}
-                src = ASTSource(fn=fn, signature=sig, constexprs={k: v for k, v in ce.items() if k in sig},
-                                attrs=attrs)
+                consts = {p.name: p.default for p in fn.params
+                          if p.is_constexpr and p.default is not inspect.Parameter.empty}
+                consts.update({k: v for k, v in ce.items() if k in sig})
+                src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
                 opts = {"num_warps": 1}
                 if name.startswith("regs"):  # the cap fused_grouped_topk launches it with
                     opts.update(m._regs_cap(ce["SP"]))
@@ -98,6 +107,7 @@ def sass_stats(kernels=None, routers=None):
                 regs = re.search(r"REG:(\d+)", res)
                 stack = re.search(r"STACK:(\d+)", res)
                 yield {"name": name, "router": router, "dtype": dt, "instructions": len(pcs),
+                       "prefetches": len(re.findall(r"\bCCTL\.E\.PF2\b", sass)),
                        "registers": int(regs.group(1)) if regs else None, "stack": int(stack.group(1)) if stack else None,
                        "loops": [(b - a) // 16 + 1 for a, b in loops], "options": opts}
 

@@ -211,8 +211,9 @@ def test_kernel_source_under_triton_interpreter():
 def test_regs_fits_its_register_cap_without_spills():
     """fused_grouped_topk launches "regs" with maxnreg=64 for lanes of <= 32 logits (DeepSeek-V3),
     so that the mask does not cost blocks per SM (issue 11, H200 ncu).  Compiled here for sm_90
-    with the installed Triton's ptxas (no GPU): with and without the mask, fp32 and bf16, the
-    kernel must fit the cap with no spill, or the cap costs local-memory traffic."""
+    with the installed Triton's ptxas (no GPU): with and without the mask, and the two variants
+    not yet served (short_chain, l2_prefetch), fp32 and bf16, the kernel must fit the cap with
+    no spill, or the cap costs local-memory traffic."""
     import triton
 
     if not os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")):
@@ -222,19 +223,24 @@ def test_regs_fits_its_register_cap_without_spills():
         import profile_grouped_topk
     finally:
         sys.path.pop(0)
-    stats = list(profile_grouped_topk.sass_stats(kernels={"regs", "regs+mask"}, routers={"deepseek-v3"}))
-    assert len(stats) == 4
+    names = {"regs", "regs+mask", "regs+mask+short", "regs+mask+l2pf"}
+    stats = list(profile_grouped_topk.sass_stats(kernels=names, routers={"deepseek-v3"}))
+    assert len(stats) == 8
     for r in stats:
         assert r["options"].get("maxnreg") == 64, r
         assert r["registers"] <= 64 and r["stack"] == 0, r
+        # the l2_prefetch build asks L2 for the next wave's logits and flags; the others ask nothing
+        assert r["prefetches"] == (2 if r["name"] == "regs+mask+l2pf" else 0), r
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed: no interpreter to run the kernel source")
-@pytest.mark.parametrize("kernel", ["rows", "parts", "regs"])
-def test_rows_and_parts_kernels_under_triton_interpreter(kernel):
+@pytest.mark.parametrize("kernel,short_chain", [("rows", False), ("parts", False), ("regs", False), ("regs", True)])
+def test_rows_and_parts_kernels_under_triton_interpreter(kernel, short_chain):
     """The one-thread-per-token ("rows") and lanes-per-token ("parts", "regs") kernels' source, run by
     the interpreter: both routers, fp32 / bf16, bias or not, mask, sort-merge and insertion,
-    renormalised or not, integer logits (ties everywhere: lowest id wins)."""
+    renormalised or not, integer logits (ties everywhere: lowest id wins); "regs" also with its
+    ``short_chain`` group ranking and lane scan."""
+    extra = ", short_chain=True" if short_chain else ""
     _run_interpreted(
         f"""
         import torch
@@ -258,7 +264,7 @@ def test_rows_and_parts_kernels_under_triton_interpreter(kernel):
                 kw = dict(topk=K, num_expert_group=G, topk_group=TG, routed_scaling_factor=s,
                           renormalize=renorm, is_padding=m)
                 # regs: its 8-lane layout (BLOCK_M 4); the wider ones in test_regs_wide_lanes_*
-                fw, fi = fused_grouped_topk(x, b, kernel="{kernel}", merge=merge, block_m=4, num_warps=1, **kw)
+                fw, fi = fused_grouped_topk(x, b, kernel="{kernel}", merge=merge, block_m=4, num_warps=1{extra}, **kw)
                 rw, ri = grouped_topk_reference(x, b, **kw)
                 fs, fo = fi.long().sort(1); rs, ro = ri.long().sort(1)
                 assert torch.equal(fs, rs), (E, dt, ints, bias)
@@ -271,13 +277,14 @@ def test_rows_and_parts_kernels_under_triton_interpreter(kernel):
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed: no interpreter to run the kernel source")
-def test_regs_wide_lanes_under_triton_interpreter():
+@pytest.mark.parametrize("short_chain", [False, True])
+def test_regs_wide_lanes_under_triton_interpreter(short_chain):
     """"regs" with more lanes per token than groups (BLOCK_M = 32 x warps / lanes: a group spans
     neighbouring lanes, its rank a top-2 reduction over them; the small-batch layout): the
     reference's sets, ascending ids, padded rows (-1, 0); lanes a router cannot take fall back to
-    its own default layout."""
+    its own default layout.  With ``short_chain`` too (the group's two best by a butterfly)."""
     _run_interpreted(
-        """
+        f"""
         import torch
         from vllm_padplugin.kernels.triton_grouped_topk import fused_grouped_topk, _regs_lanes
         from vllm_padplugin.kernels.reference import grouped_topk_reference
@@ -295,7 +302,8 @@ def test_regs_wide_lanes_under_triton_interpreter():
                 b = (torch.full((E,), 0.25) if ints else torch.randn(E) * 0.05) if bias else None
                 m = torch.rand(23) < 0.3
                 kw = dict(topk=K, num_expert_group=G, topk_group=TG, routed_scaling_factor=s, is_padding=m)
-                fw, fi = fused_grouped_topk(x, b, kernel="regs", block_m=32 // lanes, num_warps=1, **kw)
+                fw, fi = fused_grouped_topk(x, b, kernel="regs", block_m=32 // lanes, num_warps=1,
+                                            short_chain={short_chain}, **kw)
                 rw, ri = grouped_topk_reference(x, b, **kw)
                 fs, fo = fi.long().sort(1); rs, ro = ri.long().sort(1)
                 assert torch.equal(fs, rs), (E, lanes, dt, ints, bias)
@@ -405,13 +413,34 @@ def test_gpu_regs_wide_lanes_matches_reference(E, G, TG, K, scale, T, dtype, lan
 
     if not _regs_lanes(E, G, TG, K, 16 // torch.tensor([], dtype=dtype).element_size(), lanes):
         pytest.skip("this router's lanes would not hold whole chunks of 8")
-    g = torch.Generator(device="cuda").manual_seed(T + E + lanes)
+    _regs_matches_reference(E, G, TG, K, scale, T, dtype, T + E + lanes, kernel="regs", block_m=32 // lanes,
+                            num_warps=1)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("E,G,TG,K,scale", ROUTERS)
+@pytest.mark.parametrize("T", [16, 256, 1024, 4096, 32768])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("short_chain,l2_prefetch", [(True, False), (False, True), (True, True)])
+def test_gpu_regs_variants_match_reference(E, G, TG, K, scale, T, dtype, short_chain, l2_prefetch):
+    """The "regs" variants benchmarks/kernel_ab.py times against the served build, at the sizes
+    it times (32768 tokens: more than one wave, so the prefetch is issued), with a bias and a
+    mask; integer logits (ties everywhere) too."""
+    _regs_matches_reference(E, G, TG, K, scale, T, dtype, T + E + 3, short_chain=short_chain, l2_prefetch=l2_prefetch)
+
+
+def _regs_matches_reference(E, G, TG, K, scale, T, dtype, seed, **launch):
+    """``fused_grouped_topk(**launch)`` on random logits with a bias and 30 % padded rows (every
+    output written, padded rows (-1, 0), the reference's sets up to near ties), then on integer
+    logits with ties everywhere (the reference's sets exactly)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.randn(T, E, generator=g, device="cuda").to(dtype)
     b = torch.randn(E, generator=g, device="cuda") * 0.05
     mask = torch.rand(T + 7, generator=g, device="cuda") < 0.3
     kw = dict(topk=K, num_expert_group=G, topk_group=TG, routed_scaling_factor=scale, is_padding=mask)
     out = (torch.full((T, K), float("nan"), device="cuda"), torch.full((T, K), -7, dtype=torch.int32, device="cuda"))
-    fw, fi = fused_grouped_topk(x, b, out=out, kernel="regs", block_m=32 // lanes, num_warps=1, **kw)
+    fw, fi = fused_grouped_topk(x, b, out=out, **kw, **launch)
     rw, ri = grouped_topk_reference(x, b, **kw)
     pad = mask[:T]
     assert (fi[pad] == -1).all() and (fw[pad] == 0).all()
@@ -421,7 +450,7 @@ def test_gpu_regs_wide_lanes_matches_reference(E, G, TG, K, scale, T, dtype, lan
     xi = torch.randint(-2, 3, (T, E), generator=g, device="cuda").to(dtype)
     bi = torch.full((E,), 0.25, device="cuda")
     kw.pop("is_padding")
-    fw, fi = fused_grouped_topk(xi, bi, kernel="regs", block_m=32 // lanes, num_warps=1, **kw)
+    fw, fi = fused_grouped_topk(xi, bi, **kw, **launch)
     same_routing(fw, fi, *grouped_topk_reference(xi, bi, **kw))
 
 

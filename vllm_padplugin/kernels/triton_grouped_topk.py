@@ -41,6 +41,8 @@ Falls back to the torch reference when Triton or a CUDA tensor is unavailable.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from vllm_padplugin.kernels.reference import grouped_topk_reference
@@ -195,6 +197,13 @@ if HAS_TRITON:
             )
         else:
             return tl.sigmoid(x)
+
+    @triton.jit
+    def _prefetch_l2(ptrs):
+        """Ask L2 for the 128-byte lines at ``ptrs`` (``prefetch.global.L2``): no register result,
+        nothing waits on it."""
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs.to(tl.int64)],
+                                  dtype=tl.int32, is_pure=False, pack=1)
 
     @triton.jit
     def _sort_desc(xs, VEC: tl.constexpr):
@@ -475,12 +484,15 @@ if HAS_TRITON:
         return c
 
     @triton.jit
-    def _union_slots(Lt, BM: tl.constexpr, TOPK: tl.constexpr, BFLY: tl.constexpr):
+    def _union_slots(Lt, BM: tl.constexpr, TOPK: tl.constexpr, BFLY: tl.constexpr,
+                     ONE_SCAN: tl.constexpr = False):
         """Per token, the lanes' sorted lists ``Lt`` (TOPK [BM, P] columns, descending) ->
         ``thr`` [BM, 1] = the TOPK-th value of their union and, per lane, its count above
         ``thr``, its count equal to ``thr`` (in its list), the ties it takes (lowest lanes =
         lowest ids first) and its first output slot.  ``BFLY`` (TOPK = 8): a butterfly merge of
-        the lists (``tl.reduce`` with ``_merge8``); else TOPK pops of the lanes' heads."""
+        the lists (``tl.reduce`` with ``_merge8``); else TOPK pops of the lanes' heads.  ``ONE_SCAN``:
+        the two exclusive scans over the lanes as one (a dependent shuffle chain of 3 instead of 6 at
+        8 lanes)."""
         NEG: tl.constexpr = float("-inf")
         if BFLY:
             U = tl.reduce(Lt, 1, _merge8)
@@ -511,10 +523,18 @@ if HAS_TRITON:
             n_eq += (Lt[k] == t2).to(tl.int32)
         if not BFLY:
             need = TOPK - tl.sum(n_gt, axis=1)  # ties to take, lowest ids (lanes) first
-        eq_before = tl.cumsum(n_eq, axis=1) - n_eq
-        take_eq = tl.minimum(tl.maximum(need[:, None] - eq_before, 0), n_eq)
-        n_take = n_gt + take_eq
-        off = tl.cumsum(n_take, axis=1) - n_take  # first output slot of each lane
+        if ONE_SCAN:  # both counts in one scan (16 bits each): the lanes before p hold gt_before values
+            # above thr and eq_before ties, of which they take min(need, eq_before), lowest lanes first
+            v = n_gt + (n_eq << 16)
+            before = tl.cumsum(v, axis=1) - v
+            eq_before = before >> 16
+            take_eq = tl.minimum(tl.maximum(need[:, None] - eq_before, 0), n_eq)
+            off = (before & 0xFFFF) + tl.minimum(need[:, None], eq_before)  # first output slot of each lane
+        else:
+            eq_before = tl.cumsum(n_eq, axis=1) - n_eq
+            take_eq = tl.minimum(tl.maximum(need[:, None] - eq_before, 0), n_eq)
+            n_take = n_gt + take_eq
+            off = tl.cumsum(n_take, axis=1) - n_take  # first output slot of each lane
         return t2, n_gt, n_eq, take_eq, off
 
     @triton.jit
@@ -741,6 +761,31 @@ if HAS_TRITON:
                       BLOCK_M, P, TOPK, RENORM, HAS_PAD)
 
     @triton.jit
+    def _group_keep(h1, h2, lane, BM: tl.constexpr, P: tl.constexpr, G: tl.constexpr, TOPK_GROUP: tl.constexpr,
+                    HAS_BIAS: tl.constexpr):
+        """Which lanes' groups are kept, [BM, P], from the lanes' two best choices ``h1``, ``h2``
+        (a group = P / G neighbouring lanes).  A group's rank (sum of its two best; its best
+        without a bias) is compared with every other group's, one shuffle each, all independent:
+        a group is kept when fewer than ``TOPK_GROUP`` groups rank higher or equal with a lower
+        id.  (``TOPK_GROUP`` rounds of max + lowest-id argmax are two dependent butterfly
+        reductions a round.)"""
+        LG: tl.constexpr = P // G
+        ln = tl.broadcast_to(lane, [BM, P])
+        for b in tl.static_range(LG.bit_length() - 1):  # the group's two best over its lanes
+            o = ln ^ (1 << b)
+            h1, h2 = _top2(h1, h2, tl.gather(h1, o, 1), tl.gather(h2, o, 1))
+        if HAS_BIAS:
+            r = h1 + h2
+        else:
+            r = h1
+        g = ln // LG
+        above = tl.zeros([BM, P], tl.int32)
+        for d in tl.static_range(1, G):
+            rq = tl.gather(r, ln ^ (d * LG), 1)  # group g ^ d: a lower id iff g has d's top bit
+            above += ((rq > r) | ((rq == r) & ((g & (1 << (d.bit_length() - 1))) != 0))).to(tl.int32)
+        return above < TOPK_GROUP
+
+    @triton.jit
     def _grouped_topk_regs_kernel(
         logits_ptr,
         bias_ptr,
@@ -768,6 +813,8 @@ if HAS_TRITON:
         P: tl.constexpr,
         SP: tl.constexpr,
         LPG: tl.constexpr,
+        SHORT_CHAIN: tl.constexpr = False,
+        PF_BLOCKS: tl.constexpr = 0,
     ):
         """P lanes per token, lane p holding experts [p SP, (p + 1) SP) (its group when groups
         are dropped: P = G) in registers for the whole kernel: every logit is read and put
@@ -781,7 +828,10 @@ if HAS_TRITON:
         only in a block where some lane takes part of its ties).  Up to 32 logits a lane,
         ``_slots_write`` then has lane s write output slot s; with more, each lane writes its own
         by popping the mask's lowest bit.  The weight of a taken expert is its sigmoid,
-        recomputed from one cached load.  ``LPG`` is unused.
+        recomputed from one cached load.  ``LPG`` is unused.  Not served until timed
+        (``benchmarks/kernel_ab.py``): ``SHORT_CHAIN`` ranks the groups by ``_group_keep`` and
+        scans the lanes' counts once; ``PF_BLOCKS`` > 0 (one wave of programs) asks L2 for block
+        ``pid + PF_BLOCKS``'s logits and flags once this block's are in.
         """
         NEG: tl.constexpr = float("-inf")
         NCH: tl.constexpr = SP // VEC
@@ -827,35 +877,48 @@ if HAS_TRITON:
             Lt = _keep_best(Lt, (cv[c8], cv[c8 + 1], cv[c8 + 2], cv[c8 + 3], cv[c8 + 4], cv[c8 + 5], cv[c8 + 6],
                                  cv[c8 + 7]), 8, TOPK, LOG_TOPK, True)
 
+        if PF_BLOCKS > 0:  # ask L2 for the logits of the block PF_BLOCKS on (the next wave's)
+            nxt = pid + PF_BLOCKS
+            if nxt * BLOCK_M < T:
+                # the address depends on this lane's sorted list (0 unless its head has one NaN bit
+                # pattern): the prefetch goes out once this block's own logits are in, not beside them
+                late = (Lt[0].to(tl.int32, bitcast=True) == 0x7FFFFFFF).to(tl.int64)
+                nrows = tl.minimum(nxt * BLOCK_M + tl.arange(0, BLOCK_M), T - 1).to(tl.int64)[:, None]
+                _prefetch_l2(logits_ptr + nrows * stride_t + e_lane + late)
+                if HAS_PAD:  # and its padding flags: that block's logits loads wait for them
+                    _prefetch_l2(pad_ptr + nrows * pad_stride + late)
         if G > TOPK_GROUP:  # a group = LG neighbouring lanes (LG = 1: lane = group)
             LG: tl.constexpr = P // G
-            if LG == 1:
-                a1, a2 = Lt[0], Lt[1]
-                gid = lane
-            else:  # the group's two best: a top-2 reduction over its lanes' heads
-                a1, a2 = tl.reduce((tl.reshape(Lt[0], [BLOCK_M, G, LG]), tl.reshape(Lt[1], [BLOCK_M, G, LG])), 2,
-                                   _top2)
-                gid = tl.arange(0, G)[None, :]
-            if HAS_BIAS:
-                r = a1 + a2
+            if SHORT_CHAIN:
+                keep = _group_keep(Lt[0], Lt[1], lane, BLOCK_M, P, G, TOPK_GROUP, HAS_BIAS)
             else:
-                r = a1
-            keep = tl.zeros([BLOCK_M, G], dtype=tl.int1)
-            for _ in tl.static_range(TOPK_GROUP):
-                m = tl.max(r, axis=1)
-                gi = tl.min(tl.where(r == m[:, None], gid, G), axis=1)
-                hit = gid == gi[:, None]
-                keep = keep | hit
-                r = tl.where(hit, NEG, r)
-            if LG > 1:
-                keep = tl.reshape(tl.broadcast_to(keep[:, :, None], [BLOCK_M, G, LG]), [BLOCK_M, P])
+                if LG == 1:
+                    a1, a2 = Lt[0], Lt[1]
+                    gid = lane
+                else:  # the group's two best: a top-2 reduction over its lanes' heads
+                    a1, a2 = tl.reduce((tl.reshape(Lt[0], [BLOCK_M, G, LG]), tl.reshape(Lt[1], [BLOCK_M, G, LG])),
+                                       2, _top2)
+                    gid = tl.arange(0, G)[None, :]
+                if HAS_BIAS:
+                    r = a1 + a2
+                else:
+                    r = a1
+                keep = tl.zeros([BLOCK_M, G], dtype=tl.int1)
+                for _ in tl.static_range(TOPK_GROUP):
+                    m = tl.max(r, axis=1)
+                    gi = tl.min(tl.where(r == m[:, None], gid, G), axis=1)
+                    hit = gid == gi[:, None]
+                    keep = keep | hit
+                    r = tl.where(hit, NEG, r)
+                if LG > 1:
+                    keep = tl.reshape(tl.broadcast_to(keep[:, :, None], [BLOCK_M, G, LG]), [BLOCK_M, P])
             kl = ()
             for k in tl.static_range(TOPK):
                 kl = kl + (tl.where(keep, Lt[k], NEG),)
             Lt = kl
         else:
             keep = tl.full([BLOCK_M, P], 1, tl.int1)
-        t2, n_gt, n_eq, take_eq, off = _union_slots(Lt, BLOCK_M, TOPK, True)
+        t2, n_gt, n_eq, take_eq, off = _union_slots(Lt, BLOCK_M, TOPK, True, SHORT_CHAIN)
 
         # the lane's taken experts as bits: all its values >= thr, unless it takes only part of
         # its ties (or may hold more ties than its list shows): then count them, lowest id first
@@ -937,6 +1000,14 @@ _CONFIGS_REGS: dict[int, tuple[str, int, int]] = {0: ("regs", 1, 1), 1024: ("reg
 _CONFIGS_REGS_NO_DROP: dict[int, tuple[str, int, int]] = {0: ("regs", 2, 1), 4097: ("regs", 4, 1)}
 
 
+@functools.lru_cache(maxsize=None)
+def _resident_blocks(device: torch.device, regs: int, num_warps: int) -> int:
+    """Programs of ``num_warps`` warps at ``regs`` registers a thread resident at once on
+    ``device`` (one wave of the grid): <= 32 blocks, 64 warps and 64 K registers an SM."""
+    per_sm = min(32, 64 // num_warps, 65536 // (32 * regs) // num_warps)
+    return per_sm * torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def default_config(num_tokens: int, num_experts: int, dtype: torch.dtype | None = None, *,
                    num_expert_group: int = 1, topk_group: int = 1, topk: int = 8) -> tuple[str, int, int]:
     """(kernel, BLOCK_M, num_warps) for a batch: the entry for the largest key <= T of
@@ -991,6 +1062,8 @@ def fused_grouped_topk(
     skip_padded_loads: bool | None = None,
     kernel: str | None = None,
     merge: bool | None = None,
+    short_chain: bool = False,
+    l2_prefetch: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sigmoid grouped top-k + mask in one launch; returns ``(weights f32, ids i32)``.
 
@@ -1005,6 +1078,11 @@ def fused_grouped_topk(
     ``default_config``; ``merge`` (rows / parts): sort-and-merge (default where ``topk`` is a
     power of 2 >= the chunk) or insertion for the k best.  "rows" needs the experts per group,
     "parts" those per lane, to be whole 16-byte chunks of logits; else "tile".
+    Two "regs" variants, not served until timed against the served build (issue 11;
+    ``benchmarks/kernel_ab.py``): ``short_chain`` ranks the groups with one independent
+    shuffle per other group and scans the lanes' counts once (a shorter dependent chain, the
+    same results); ``l2_prefetch`` (<= 32 logits a lane, a grid of more than one wave) asks L2
+    for the next wave's logits and padding flags once a block's own logits are in.
     """
     tensors = [gating_output] + ([is_padding] if is_padding is not None else [])
     num_tokens, num_experts = gating_output.shape
@@ -1108,7 +1186,9 @@ def fused_grouped_topk(
             cap = {}
             if not (_interpreting() or torch.version.hip):  # Triton's HIP backend has no maxnreg
                 cap = _regs_cap(sp)
-            _grouped_topk_regs_kernel[grid](*args, P=lanes, SP=sp, LPG=lpg, **cap, **extra, **common)
+            pf = _resident_blocks(gating_output.device, cap["maxnreg"], nw) if l2_prefetch and cap else 0
+            _grouped_topk_regs_kernel[grid](*args, P=lanes, SP=sp, LPG=lpg, SHORT_CHAIN=short_chain,
+                                            PF_BLOCKS=pf if grid[0] > pf else 0, **cap, **extra, **common)
     else:
         _grouped_topk_kernel[grid](
             *args,
