@@ -232,6 +232,138 @@ def output_ok(c: dict) -> bool:
             and c["max_weight_abs_diff"] <= 1e-5)
 
 
+def interleaved(router: str, dname: str, T: int, dev: str, gen: torch.Generator, variants: dict[str, dict],
+                rounds: int, target_ms: float, base: str) -> dict:
+    """Time ``variants`` (name -> ``fused_grouped_topk`` keyword arguments; ``padding``: None for no
+    mask, "none" for a mask with no row padded, "pad25" for PAD_FRACTION padded) against one
+    another: each checked against the reference (``check_output``), captured once into its own
+    CUDA graph (over ``input_sets``), and the graphs replayed in ``rounds`` rounds, one replay each
+    a round in a rotated order, so drift between rounds cancels in the per-round ratios.  Returns
+    the checks, the median µs per variant, the per-round µs, and per variant its % against
+    ``base``: the median of the per-round ratios with their 10th and 90th percentiles."""
+    cfg = ROUTERS[router]
+    E, k = cfg["num_experts"], cfg["topk"]
+    logits, bias, mask = routing_inputs(T, E, DTYPES[dname], gen, dev)
+    sets = input_sets(logits, gen)
+    kw = route_kwargs(cfg)
+    pads = {None: None, "none": torch.zeros_like(mask), "pad25": mask}
+    calls = {name: dict(v, is_padding=pads[v.get("padding")]) for name, v in variants.items()}
+    for c in calls.values():
+        c.pop("padding", None)
+    out = (torch.empty(T, k, device=dev), torch.empty(T, k, dtype=torch.int32, device=dev))
+    choice = logits.float().sigmoid() + bias
+    checks = {}
+    for name, ex in calls.items():
+        pad = ex["is_padding"][:T] if ex["is_padding"] is not None else torch.zeros(T, dtype=torch.bool, device=dev)
+        rw, ri = grouped_topk_reference(logits, bias, is_padding=pad, **kw)
+        checks[name] = check_output(lambda ex=ex: fused_grouped_topk(logits, bias, out=out, **kw, **ex),
+                                    out, rw, ri, choice, cfg, pad)
+    graphs = {name: capture_graph([lambda x=x, ex=ex: fused_grouped_topk(x, bias, out=out, **kw, **ex) for x in sets],
+                                  target_ms=target_ms)
+              for name, ex in calls.items()}
+    names, nsets = list(variants), len(sets)
+    us = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            us[name].append(replay_us(*graphs[name]))
+    del graphs, sets
+    kern, bm, nw = default_config(T, E, DTYPES[dname], num_expert_group=cfg["num_expert_group"],
+                                  topk_group=cfg["topk_group"], topk=k)
+    res = {"router": router, "dtype": dname, "T": T, "config": {"kernel": kern, "block_m": bm, "num_warps": nw},
+           "rounds": rounds, "input_sets": nsets, "checks": checks,
+           "us": {n: statistics.median(v) for n, v in us.items()}, "us_rounds": us,
+           "bytes": logits.nbytes + T * k * 8}
+    for name in names:
+        if name != base:
+            ratios = [100 * (a / b - 1) for a, b in zip(us[name], us[base])]
+            dec = statistics.quantiles(ratios, n=10, method="inclusive")
+            res[f"{name}_pct"] = {"median": statistics.median(ratios), "p10": dec[0], "p90": dec[-1]}
+    return res
+
+
+def interleaved_args(ap: argparse.ArgumentParser, tokens, rounds: int) -> argparse.Namespace:
+    """The arguments of the scripts built on ``interleaved_cases``, parsed and checked."""
+    ap.add_argument("--tokens", type=int, nargs="*", default=list(tokens))
+    ap.add_argument("--dtypes", nargs="*", default=list(DTYPES))
+    ap.add_argument("--routers", nargs="*", default=list(ROUTERS))
+    ap.add_argument("--rounds", type=int, default=rounds)
+    ap.add_argument("--target-ms", type=float, default=2.0, help="about how long one replay of a graph takes")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--plot", default=None)
+    args = ap.parse_args()
+    if args.rounds < 5:
+        ap.error("--rounds: at least 5 (percentiles of fewer ratios mean little)")
+    return args
+
+
+def interleaved_cases(args, doc: dict, calls: dict[str, dict], base: str, dev: str, gen: torch.Generator,
+                      per_case=None) -> None:
+    """``interleaved`` for every router x dtype x T of ``args`` into ``doc["cases"]``; ``per_case(r)``
+    adds columns; a progress line each, and ``args.json`` rewritten after each case, so a later
+    failure loses no measurement."""
+    for router in args.routers:
+        for dname in args.dtypes:
+            for T in args.tokens:
+                t0 = time.perf_counter()
+                r = interleaved(router, dname, T, dev, gen, calls, args.rounds, args.target_ms, base)
+                if per_case:
+                    per_case(r)
+                doc["cases"].append(r)
+                print(f"  {router} {dname} T={T}: {base} {r['us'][base]:.2f} µs, "
+                      + ", ".join(f"{n} {r[f'{n}_pct']['median']:+.2f} %" for n in calls if n != base)
+                      + f" [{time.perf_counter() - t0:.1f} s]", flush=True)
+                if args.json:
+                    Path(args.json).write_text(json.dumps(doc, indent=1))
+
+
+def mismatch_status(doc: dict) -> int:
+    """1 (and the cases on stderr) if a variant's output failed its check, else 0."""
+    bad = [(r["router"], r["dtype"], r["T"], n) for r in doc["cases"] for n, c in r["checks"].items()
+           if not output_ok(c)]
+    if bad:
+        print(f"MISMATCH: {bad}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def pct_cell(p: dict) -> str:
+    """An ``interleaved`` % as a table cell: median [10th, 90th percentile]."""
+    return f" {p['median']:>+6.2f} [{p['p10']:>+5.1f},{p['p90']:>+5.1f}]"
+
+
+def plot_pct(doc: dict, path: str, series, *, ylabel: str, title: str, band=None) -> None:
+    """One panel per router of ``doc["cases"]`` (``interleaved`` results): each (name, colour) of
+    ``series`` as its % against the base over T, median with 10th-90th percentile bars, fp32
+    solid and bf16 dashed; ``band`` = (low, high, label) shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    routers = sorted({r["router"] for r in doc["cases"]})
+    fig, axes = plt.subplots(1, len(routers), figsize=(6.5 * len(routers), 4.6), squeeze=False)
+    for a, router in zip(axes[0], routers):
+        for dname, ls in (("fp32", "-"), ("bf16", "--")):
+            rows = [r for r in doc["cases"] if r["router"] == router and r["dtype"] == dname]
+            if not rows:
+                continue
+            Ts = [r["T"] for r in rows]
+            for name, color in series:
+                med = [r[f"{name}_pct"]["median"] for r in rows]
+                lo = [m - r[f"{name}_pct"]["p10"] for m, r in zip(med, rows)]
+                hi = [r[f"{name}_pct"]["p90"] - m for m, r in zip(med, rows)]
+                a.errorbar(Ts, med, yerr=[lo, hi], ls=ls, color=color, marker="o", capsize=3,
+                           label=f"{name} {dname}")
+        if band:
+            a.axhspan(band[0], band[1], color="green", alpha=0.1, label=band[2])
+        a.axhline(0, color="black", lw=0.8)
+        a.set(xscale="log", xlabel="tokens T", ylabel=ylabel, title=f"{title}, {router}")
+        a.legend(fontsize=7)
+    fig.suptitle(f"{doc['device']}: median of {doc['rounds']} interleaved rounds, bars 10th-90th percentile")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def bench_route(router: str, dname: str, T: int, dev: str, gen: torch.Generator, bw: float,
                 vllm_fn, sweep: tuple) -> dict:
     cfg = ROUTERS[router]

@@ -1,0 +1,102 @@
+"""The served fused grouped top-k against its candidate variants, timed interleaved (issue 11, goal 1).
+
+A variant of the "regs" kernel replaces the served build only after it wins here, on the device
+the goal is stated for.  Each variant is checked against the torch reference, captured into its
+own CUDA graph, and the graphs are replayed in rounds in a rotated order
+(``gpu_masking.interleaved``); a variant's % is the median of its per-round ratios to the served
+build, with the 10th-90th percentile.  ``again`` is the served build in a second graph: the A/A
+control.  Every variant gets the padding mask with no row padded by default (``--padding``), as
+vLLM serving passes it.  limit = bytes the kernel must move / the device-to-device copy bandwidth
+measured at the start of the same run.
+
+Variants (``fused_grouped_topk`` keyword arguments):
+  short_chain  the groups ranked by one independent shuffle per other group, and one scan of
+               the lanes' counts (the served build: ``topk_group`` rounds of two dependent
+               butterfly reductions, and two scans); same results, a shorter dependent chain
+  l2_prefetch  once a block's own logits are in, ask L2 for the logits and padding flags of the
+               block one wave on (an earlier try asked at the start, beside the block's own loads,
+               and lost 7 %)
+  both         the two together
+
+    python benchmarks/kernel_ab.py --json kernel_ab.json --plot kernel_ab.png
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpu_masking import (copy_bandwidth, interleaved_args, interleaved_cases, mismatch_status,  # noqa: E402
+                         pct_cell, plot_pct)
+
+TOKENS = (16, 256, 1024, 4096, 16384, 32768)
+CANDIDATES = {"short_chain": {"short_chain": True}, "l2_prefetch": {"l2_prefetch": True},
+              "both": {"short_chain": True, "l2_prefetch": True}}
+
+
+def variants(padding: str | None) -> dict[str, dict]:
+    """``interleaved``'s variants: served, again, then the candidates, all with ``padding``."""
+    calls = {"served": {}, "again": {}, **CANDIDATES}
+    return {name: dict(kw, padding=padding) for name, kw in calls.items()}
+
+
+def print_table(doc: dict) -> None:
+    names = [n for n in doc["variants"] if n != "served"]
+    print(f"\n{doc['device']}  torch {doc['torch']}  triton {doc['triton']}  "
+          f"copy {doc['copy_bandwidth']['GBps']:.0f} GB/s  padding={doc['padding']}  ({doc['rounds']} interleaved "
+          "rounds of CUDA-graph replay; % = median per-round ratio to 'served' - 1, [10th, 90th percentile])")
+    head = f"{'router':>11} {'dt':>4} {'T':>6} {'kernel':>10} {'served µs':>9} {'limit µs':>8} {'/limit':>6}"
+    head += "".join(f" {n + ' %':>21}" for n in names) + f" {'best':>11} {'best µs':>8} {'/limit':>6}"
+    print(head)
+    for r in doc["cases"]:
+        c = r["config"]
+        best = min((n for n in r["us"] if n != "again"), key=r["us"].get)  # the served build or a candidate
+        line = (f"{r['router']:>11} {r['dtype']:>4} {r['T']:>6} {c['kernel']:>4},{c['block_m']},{c['num_warps']:<3} "
+                f"{r['us']['served']:>9.2f} {r['limit_us']:>8.2f} {r['us']['served'] / r['limit_us']:>6.2f}")
+        line += "".join(pct_cell(r[f"{n}_pct"]) for n in names)
+        line += f" {best:>11} {r['us'][best]:>8.2f} {r['us'][best] / r['limit_us']:>6.2f}"
+        print(line)
+
+
+def plot(doc: dict, path: str) -> None:
+    names = [n for n in doc["variants"] if n != "served"]
+    plot_pct(doc, path, [(n, "gray" if n == "again" else f"C{i}") for i, n in enumerate(names)],
+             ylabel="time vs served build, %", title="regs variants")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--padding", choices=("none", "pad25", "off"), default="none",
+                    help="the mask every variant gets: no row padded (serving, default), a quarter padded, or no mask")
+    args = interleaved_args(ap, TOKENS, 21)
+    if not torch.cuda.is_available():
+        print("kernel_ab: no CUDA device; nothing to measure", file=sys.stderr)
+        return 2
+    import triton
+
+    dev = "cuda"
+    gen = torch.Generator(device=dev).manual_seed(0)
+    bwd = copy_bandwidth(dev)
+    padding = None if args.padding == "off" else args.padding
+    calls = variants(padding)
+    doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+           "copy_bandwidth": bwd, "padding": args.padding, "rounds": args.rounds, "target_ms": args.target_ms,
+           "variants": list(calls), "cases": []}
+
+    def limit(r: dict) -> None:
+        r["limit_us"] = (r["bytes"] + (r["T"] if padding else 0)) / (bwd["GBps"] * 1e9) * 1e6
+
+    interleaved_cases(args, doc, calls, "served", dev, gen, per_case=limit)
+    print_table(doc)
+    if args.plot:
+        plot(doc, args.plot)
+    return mismatch_status(doc)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
