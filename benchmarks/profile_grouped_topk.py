@@ -3,7 +3,7 @@ the mask (25 % of rows padded) and with the mask but no row padded, per size and
 
     ncu --clock-control none -k regex:_grouped_topk \
         --metrics dram__bytes_read.sum,dram__bytes_write.sum,smsp__inst_executed.sum,gpu__time_duration.sum \
-        python3 benchmarks/profile_grouped_topk.py [--kernel tile|rows] [--num-warps N]
+        python3 benchmarks/profile_grouped_topk.py [--kernel tile|rows] [--num-warps N] [--short-chain] [--l2-prefetch]
 
 Launch order (ncu lists them in this order): for each (router, dtype, T) in CASES:
 no mask, mask 25 %, mask none padded.  The kernel reads 1 byte per token more with the
@@ -124,6 +124,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--kernel", default=None)
     ap.add_argument("--num-warps", type=int, default=None)
+    ap.add_argument("--short-chain", action="store_true", help="launch regs' short_chain variant")
+    ap.add_argument("--l2-prefetch", action="store_true", help="launch regs' l2_prefetch variant")
     ap.add_argument("--sass", action="store_true", help="static SASS counts, no GPU (see the docstring)")
     args = ap.parse_args()
     if args.sass:
@@ -138,7 +140,8 @@ def main() -> None:
         mask[T - T // 4:] = True
         none = torch.zeros_like(mask)
         kw = dict(topk=K, num_expert_group=G, topk_group=TG, routed_scaling_factor=scale,
-                  kernel=args.kernel, num_warps=args.num_warps)
+                  kernel=args.kernel, num_warps=args.num_warps, short_chain=args.short_chain,
+                  l2_prefetch=args.l2_prefetch)
         for m in (None, mask, none):
             fused_grouped_topk(x, b, is_padding=m, **kw)
         torch.cuda.synchronize()
