@@ -484,15 +484,12 @@ if HAS_TRITON:
         return c
 
     @triton.jit
-    def _union_slots(Lt, BM: tl.constexpr, TOPK: tl.constexpr, BFLY: tl.constexpr,
-                     ONE_SCAN: tl.constexpr = False):
+    def _union_slots(Lt, BM: tl.constexpr, TOPK: tl.constexpr, BFLY: tl.constexpr):
         """Per token, the lanes' sorted lists ``Lt`` (TOPK [BM, P] columns, descending) ->
         ``thr`` [BM, 1] = the TOPK-th value of their union and, per lane, its count above
         ``thr``, its count equal to ``thr`` (in its list), the ties it takes (lowest lanes =
         lowest ids first) and its first output slot.  ``BFLY`` (TOPK = 8): a butterfly merge of
-        the lists (``tl.reduce`` with ``_merge8``); else TOPK pops of the lanes' heads.  ``ONE_SCAN``:
-        the two exclusive scans over the lanes as one (a dependent shuffle chain of 3 instead of 6 at
-        8 lanes)."""
+        the lists (``tl.reduce`` with ``_merge8``); else TOPK pops of the lanes' heads."""
         NEG: tl.constexpr = float("-inf")
         if BFLY:
             U = tl.reduce(Lt, 1, _merge8)
@@ -523,18 +520,10 @@ if HAS_TRITON:
             n_eq += (Lt[k] == t2).to(tl.int32)
         if not BFLY:
             need = TOPK - tl.sum(n_gt, axis=1)  # ties to take, lowest ids (lanes) first
-        if ONE_SCAN:  # both counts in one scan (16 bits each): the lanes before p hold gt_before values
-            # above thr and eq_before ties, of which they take min(need, eq_before), lowest lanes first
-            v = n_gt + (n_eq << 16)
-            before = tl.cumsum(v, axis=1) - v
-            eq_before = before >> 16
-            take_eq = tl.minimum(tl.maximum(need[:, None] - eq_before, 0), n_eq)
-            off = (before & 0xFFFF) + tl.minimum(need[:, None], eq_before)  # first output slot of each lane
-        else:
-            eq_before = tl.cumsum(n_eq, axis=1) - n_eq
-            take_eq = tl.minimum(tl.maximum(need[:, None] - eq_before, 0), n_eq)
-            n_take = n_gt + take_eq
-            off = tl.cumsum(n_take, axis=1) - n_take  # first output slot of each lane
+        eq_before = tl.cumsum(n_eq, axis=1) - n_eq
+        take_eq = tl.minimum(tl.maximum(need[:, None] - eq_before, 0), n_eq)
+        n_take = n_gt + take_eq
+        off = tl.cumsum(n_take, axis=1) - n_take  # first output slot of each lane
         return t2, n_gt, n_eq, take_eq, off
 
     @triton.jit
@@ -761,6 +750,56 @@ if HAS_TRITON:
                       BLOCK_M, P, TOPK, RENORM, HAS_PAD)
 
     @triton.jit
+    def _bits_ge(cv, t, m, SP: tl.constexpr):
+        """``m`` | bit j for each of the lane's choices ``cv[j]`` >= ``t``."""
+        for j in tl.static_range(SP):
+            m = m | ((cv[j] >= t).to(m.dtype) << j)
+        return m
+
+    @triton.jit
+    def _bits_ties(cv, t, take_eq, m, SP: tl.constexpr):
+        """``m`` | bit j for each choice > ``t`` and for the lane's first ``take_eq`` equal to it."""
+        neq = tl.zeros_like(take_eq)
+        for j in tl.static_range(SP):
+            eq = cv[j] == t
+            take = (cv[j] > t) | (eq & (neq < take_eq))
+            neq += eq.to(tl.int32)
+            m = m | (take.to(m.dtype) << j)
+        return m
+
+    @triton.jit
+    def _bits_eq(cv, t, m, SP: tl.constexpr):
+        """``m`` | bit j for each of the lane's choices ``cv[j]`` == ``t``."""
+        for j in tl.static_range(SP):
+            m = m | ((cv[j] == t).to(m.dtype) << j)
+        return m
+
+    @triton.jit
+    def _lowest_bits(x, k, KMAX: tl.constexpr):
+        """The ``k`` (<= KMAX) lowest set bits of ``x``."""
+        r = tl.zeros_like(x)
+        for i in tl.static_range(KMAX):
+            low = x & (-x)
+            r = r | tl.where(i < k, low, 0)
+            x = x ^ low
+        return r
+
+    @triton.jit
+    def _popc(m, FAST: tl.constexpr, SP: tl.constexpr):
+        """Set bits of each lane's mask (int32, or int64 above 32 logits a lane), as int32.  The
+        CPU interpreter cannot run PTX: a count bit by bit there."""
+        if FAST:
+            if SP > 32:
+                return tl.inline_asm_elementwise("popc.b64 $0, $1;", "=r,l", [m], dtype=tl.int32, is_pure=True, pack=1)
+            else:
+                return tl.inline_asm_elementwise("popc.b32 $0, $1;", "=r,r", [m], dtype=tl.int32, is_pure=True, pack=1)
+        else:
+            n = tl.zeros_like(m).to(tl.int32)
+            for j in tl.static_range(SP):
+                n += ((m >> j) & 1).to(tl.int32)
+            return n
+
+    @triton.jit
     def _group_keep(h1, h2, lane, BM: tl.constexpr, P: tl.constexpr, G: tl.constexpr, TOPK_GROUP: tl.constexpr,
                     HAS_BIAS: tl.constexpr):
         """Which lanes' groups are kept, [BM, P], from the lanes' two best choices ``h1``, ``h2``
@@ -830,8 +869,9 @@ if HAS_TRITON:
         by popping the mask's lowest bit.  The weight of a taken expert is its sigmoid,
         recomputed from one cached load.  ``LPG`` is unused.  Not served until timed
         (``benchmarks/kernel_ab.py``): ``SHORT_CHAIN`` ranks the groups by ``_group_keep`` and
-        scans the lanes' counts once; ``PF_BLOCKS`` > 0 (one wave of programs) asks L2 for block
-        ``pid + PF_BLOCKS``'s logits and flags once this block's are in.
+        counts the taken bits instead of the lists' values above and at thr, the ties only where
+        a row has more than ``TOPK`` values >= thr; ``PF_BLOCKS`` > 0 (one wave of programs) asks
+        L2 for block ``pid + PF_BLOCKS``'s logits and flags once this block's are in.
         """
         NEG: tl.constexpr = float("-inf")
         NCH: tl.constexpr = SP // VEC
@@ -905,8 +945,8 @@ if HAS_TRITON:
                     r = a1
                 keep = tl.zeros([BLOCK_M, G], dtype=tl.int1)
                 for _ in tl.static_range(TOPK_GROUP):
-                    m = tl.max(r, axis=1)
-                    gi = tl.min(tl.where(r == m[:, None], gid, G), axis=1)
+                    rmax = tl.max(r, axis=1)
+                    gi = tl.min(tl.where(r == rmax[:, None], gid, G), axis=1)
                     hit = gid == gi[:, None]
                     keep = keep | hit
                     r = tl.where(hit, NEG, r)
@@ -918,30 +958,43 @@ if HAS_TRITON:
             Lt = kl
         else:
             keep = tl.full([BLOCK_M, P], 1, tl.int1)
-        t2, n_gt, n_eq, take_eq, off = _union_slots(Lt, BLOCK_M, TOPK, True, SHORT_CHAIN)
-
-        # the lane's taken experts as bits: all its values >= thr, unless it takes only part of
-        # its ties (or may hold more ties than its list shows): then count them, lowest id first
-        if SP > 32:
-            m = tl.zeros([BLOCK_M, P], tl.int64)
-        else:
-            m = tl.zeros([BLOCK_M, P], tl.int32)
-        tl_ = tl.where(keep, t2, float("inf"))
-        exact = (take_eq == n_eq) & ((n_gt + n_eq < TOPK) | (n_eq == 0))
-        if tl.min(tl.min(exact.to(tl.int32), axis=1), axis=0) == 1:
-            for j in tl.static_range(SP):
-                m = m | ((cv[j] >= tl_).to(m.dtype) << j)
-        else:
-            neq = tl.zeros([BLOCK_M, P], tl.int32)
-            for j in tl.static_range(SP):
-                eq = cv[j] == tl_
-                take = (cv[j] > tl_) | (eq & (neq < take_eq))
-                neq += eq.to(tl.int32)
-                m = m | (take.to(m.dtype) << j)
-
         ok_st = row_ok
         if HAS_PAD:
             ok_st = ok_st & (pad == 0)
+        # the lane's taken experts as bits (m0: 32 or 64 of them)
+        if SP > 32:
+            m0 = tl.zeros([BLOCK_M, P], tl.int64)
+        else:
+            m0 = tl.zeros([BLOCK_M, P], tl.int32)
+        if SHORT_CHAIN:
+            # a row's values >= thr are its taken experts when there are exactly TOPK of them (no
+            # tie across its threshold): count them; only a block where some routed row has more
+            # counts each lane's values above and at thr and takes the ties lowest id first
+            tk = tl.where(keep, tl.reduce(Lt, 1, _merge8)[7][:, None], float("inf"))
+            m = _bits_ge(cv, tk, m0, SP)
+            n_take = _popc(m, FAST_SIGMOID, SP)
+            exact = (tl.sum(n_take, axis=1)[:, None] == TOPK) | (ok_st == 0)
+            if tl.min(tl.min(exact.to(tl.int32), axis=1), axis=0) == 0:
+                m_eq = _bits_eq(cv, tk, m0, SP)
+                n_eq = _popc(m_eq, FAST_SIGMOID, SP)
+                n_gt = n_take - n_eq
+                need = TOPK - tl.sum(n_gt, axis=1)[:, None]
+                take_eq = tl.minimum(tl.maximum(need - (tl.cumsum(n_eq, axis=1) - n_eq), 0), n_eq)
+                m = (m ^ m_eq) | _lowest_bits(m_eq, take_eq, TOPK)
+                n_take = n_gt + take_eq
+            off = tl.cumsum(n_take, axis=1) - n_take  # first output slot of each lane
+        else:
+            t2, n_gt, n_eq, take_eq, off = _union_slots(Lt, BLOCK_M, TOPK, True)
+            n_take = n_gt + take_eq
+            # all the lane's values >= thr, unless it takes only part of its ties (or may hold
+            # more ties than its list shows): then count them, lowest id first
+            tl_ = tl.where(keep, t2, float("inf"))
+            exact = (take_eq == n_eq) & ((n_gt + n_eq < TOPK) | (n_eq == 0))
+            if tl.min(tl.min(exact.to(tl.int32), axis=1), axis=0) == 1:
+                m = _bits_ge(cv, tl_, m0, SP)
+            else:
+                m = _bits_ties(cv, tl_, take_eq, m0, SP)
+
         # Lane s writes slot s where a lane holds <= 32 logits (H200, DeepSeek-V3 32768 tokens: fp32
         # 22.1 -> 20.3 us, bf16 16.6 -> 15.2).  With 48 (Kimi-style, 8 lanes: no group dropped, a
         # lane takes ~1 expert, so the pop loop below runs ~2 rounds) it measured slower: fp32
@@ -953,7 +1006,7 @@ if HAS_TRITON:
             ok2 = ok_st & keep
             obase = rows64 * TOPK
             wsum = tl.zeros([BLOCK_M, P], tl.float32)
-            nmax = tl.max(tl.max(tl.where(ok2, n_gt + take_eq, 0), axis=1), axis=0)
+            nmax = tl.max(tl.max(tl.where(ok2, n_take, 0), axis=1), axis=0)
             for it in range(0, nmax):  # pop the lowest set bit: ascending id within the lane
                 low = m & (-m)
                 act = (m != 0) & ok2
@@ -1080,8 +1133,10 @@ def fused_grouped_topk(
     "parts" those per lane, to be whole 16-byte chunks of logits; else "tile".
     Two "regs" variants, not served until timed against the served build (issue 11;
     ``benchmarks/kernel_ab.py``): ``short_chain`` ranks the groups with one independent
-    shuffle per other group and scans the lanes' counts once (a shorter dependent chain, the
-    same results); ``l2_prefetch`` (<= 32 logits a lane, a grid of more than one wave) asks L2
+    shuffle per other group, and takes each lane's values >= thr wherever a row has exactly
+    ``topk`` of them (a population count), counting ties only in a block where some row has more
+    (fewer instructions and a shorter dependent chain, the same results); ``l2_prefetch`` (<= 32
+    logits a lane, a grid of more than one wave) asks L2
     for the next wave's logits and padding flags once a block's own logits are in.
     """
     tensors = [gating_output] + ([is_padding] if is_padding is not None else [])
