@@ -68,17 +68,21 @@ def sass_stats(kernels=None, routers=None):
                                                              LPG=lpg, **fast)),
             }
             rl = m._regs_lanes(E, G, TG, K, vec)
-            if rl:
-                variants["regs"] = (m._grouped_topk_regs_kernel, dict(common, BLOCK_M=32 // rl, P=rl, SP=E // rl,
-                                                                      LPG=0, **fast))
-                variants["regs+mask"] = (m._grouped_topk_regs_kernel,
-                                         dict(variants["regs"][1], HAS_PAD=True, SKIP_PADDED_LOADS=True))
+            for p in [rl] + [w for w in (16, 32) if w != rl and m._regs_lanes(E, G, TG, K, vec, w) == w]:
+                if not p:
+                    continue
+                at = "" if p == rl else f"@{p}"  # the default lanes, or more of them (small batches)
+                base = dict(common, BLOCK_M=32 // p, P=p, SP=E // p, LPG=0, **fast)
+                if p == rl:
+                    variants["regs"] = (m._grouped_topk_regs_kernel, base)
+                masked = dict(base, HAS_PAD=True, SKIP_PADDED_LOADS=True)
+                variants["regs+mask" + at] = (m._grouped_topk_regs_kernel, masked)
                 # the variants not served until timed (fused_grouped_topk's short_chain / l2_prefetch);
                 # PF_BLOCKS: one wave of 32 one-warp programs on 132 SMs
-                variants["regs+mask+short"] = (m._grouped_topk_regs_kernel,
-                                               dict(variants["regs+mask"][1], SHORT_CHAIN=True))
-                variants["regs+mask+l2pf"] = (m._grouped_topk_regs_kernel,
-                                              dict(variants["regs+mask"][1], PF_BLOCKS=32 * 132))
+                variants["regs+mask+short" + at] = (m._grouped_topk_regs_kernel, dict(masked, SHORT_CHAIN=True))
+                variants["regs+mask+l2pf" + at] = (m._grouped_topk_regs_kernel, dict(masked, PF_BLOCKS=32 * 132))
+                variants["regs+mask+short+l2pf" + at] = (m._grouped_topk_regs_kernel,
+                                                         dict(masked, SHORT_CHAIN=True, PF_BLOCKS=32 * 132))
             for name, (fn, ce) in variants.items():
                 if kernels is not None and name not in kernels:
                     continue
@@ -107,14 +111,38 @@ def sass_stats(kernels=None, routers=None):
                 regs = re.search(r"REG:(\d+)", res)
                 stack = re.search(r"STACK:(\d+)", res)
                 yield {"name": name, "router": router, "dtype": dt, "instructions": len(pcs),
+                       "common_path": common_path(sass) if name.startswith("regs") else None,
                        "prefetches": len(re.findall(r"\bCCTL\.E\.PF2\b", sass)),
                        "registers": int(regs.group(1)) if regs else None, "stack": int(stack.group(1)) if stack else None,
                        "loops": [(b - a) // 16 + 1 for a, b in loops], "options": opts}
 
 
+def common_path(sass: str) -> int | None:
+    """Instructions a "regs" thread executes when no row of its block has a tie at its threshold:
+    those up to the last exit less the tie path, i.e. the longer of the two regions the branch
+    after the block-wide tie test (``REDUX``) chooses between (straight-line code: a loop body,
+    Kimi-style's pop loop, counts once).  None where the SASS has no such branch."""
+    import re
+
+    ins = re.findall(r"^\s+/\*([0-9a-f]{4})\*/\s+(.*?)\s*;", sass, re.M)
+    idx = lambda a: int(a, 16) // 16  # noqa: E731 - SASS instructions are 16 bytes apart
+    r = next((i for i, (_, t) in enumerate(ins) if t.startswith("REDUX")), None)
+    b = next((i for i in range(r, len(ins)) if " BRA " in f" {ins[i][1]} "), None) if r is not None else None
+    if b is None or not ins[b][1].startswith("@"):
+        return None
+    tgt = idx(re.search(r"BRA (0x[0-9a-f]+)", ins[b][1]).group(1))
+    end = max(i for i, (_, t) in enumerate(ins) if "EXIT" in t) + 1
+    skipped = tgt - b - 1  # fall-through region
+    last = ins[tgt - 1][1]
+    if last.startswith("BRA "):  # if / else: the fall-through region jumps over the other one
+        skipped = max(skipped, idx(re.search(r"BRA (0x[0-9a-f]+)", last).group(1)) - tgt)
+    return end - skipped
+
+
 def sass_counts() -> None:
     for r in sass_stats():
-        print(f"{r['name']:9} {r['router']:11} {r['dtype']}: {r['instructions']} SASS instructions, "
+        cp = f"common path {r['common_path']}, " if r["common_path"] else ""
+        print(f"{r['name']:22} {r['router']:11} {r['dtype']}: {cp}{r['instructions']} SASS instructions, "
               f"{r['registers']} registers, {r['stack']} B stack, loop bodies {r['loops']}")
 
 
