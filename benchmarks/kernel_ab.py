@@ -15,7 +15,7 @@ Variants (``fused_grouped_topk`` keyword arguments):
                values >= thr wherever a row has exactly ``topk`` of them, found by a population
                count (served: each lane counts its list's values above and at thr, two scans and a
                tie test first); ties counted only in a block where some row has more. Same results,
-               12.5-18 % fewer instructions on the common path (SASS), a shorter dependent chain
+               12-18 % fewer instructions on the common path (SASS), a shorter dependent chain
   l2_prefetch  once a block's own logits are in, ask L2 for the logits and padding flags of the
                block one wave on (an earlier try asked at the start, beside the block's own loads,
                and lost 7 %)

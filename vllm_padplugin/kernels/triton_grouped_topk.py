@@ -751,16 +751,13 @@ if HAS_TRITON:
 
     @triton.jit
     def _bits_ge32(cv, t, J0: tl.constexpr, N: tl.constexpr):
-        """int32 with bit j - J0 set for each ``cv[j]`` >= ``t``, j in [J0, J0 + N): a compare and a
-        predicated OR a value (inline PTX; ptxas: FSETP + @P IADD), into four partial masks so the
-        ORs do not form one dependent chain."""
+        """int32 with bit j - J0 set for each ``cv[j]`` >= ``t``, j in [J0, J0 + N): a select of
+        ``m | bit`` per value (ptxas: FSETP + @P IADD; ``m | (c << j)`` took ~3 instructions a
+        value), into four partial masks so the ORs do not form one dependent chain."""
         z = tl.zeros_like(t).to(tl.int32)
         ms = (z, z, z, z)
         for j in tl.static_range(N):
-            a = tl.inline_asm_elementwise(
-                "{ .reg .pred p; setp.ge.f32 p, $2, $3; mov.b32 $0, $1; @p or.b32 $0, $0, $4; }",
-                "=r,r,r,r,r", [ms[j % 4], cv[J0 + j], t, tl.full(z.shape, 1 << j, tl.int32)], dtype=tl.int32,
-                is_pure=True, pack=1)
+            a = tl.where(cv[J0 + j] >= t, ms[j % 4] | ((1 << j) - ((1 << j) >> 31 << 32)), ms[j % 4])
             if j % 4 == 0:
                 ms = (a, ms[1], ms[2], ms[3])
             elif j % 4 == 1:
@@ -772,10 +769,10 @@ if HAS_TRITON:
         return (ms[0] | ms[1]) | (ms[2] | ms[3])
 
     @triton.jit
-    def _bits_ge(cv, t, m, SP: tl.constexpr, FAST: tl.constexpr = False):
-        """``m`` | bit j for each of the lane's choices ``cv[j]`` >= ``t``; ``FAST``: by
-        ``_bits_ge32`` (LLVM's own lowering of ``m | (c << j)`` takes ~3 instructions a value)."""
-        if FAST:
+    def _bits_ge(cv, t, m, SP: tl.constexpr, BY_WORDS: tl.constexpr = False):
+        """``m`` | bit j for each of the lane's choices ``cv[j]`` >= ``t``; ``BY_WORDS``: 32 bits at a
+        time by ``_bits_ge32`` (fewer instructions; the served build keeps its own lowering)."""
+        if BY_WORDS:
             if SP <= 32:
                 return m | _bits_ge32(cv, t, 0, SP)
             else:
@@ -1001,7 +998,7 @@ if HAS_TRITON:
             # tie across its threshold): count them; only a block where some routed row has more
             # counts each lane's values above and at thr and takes the ties lowest id first
             tk = tl.where(keep, tl.reduce(Lt, 1, _merge8)[7][:, None], float("inf"))
-            m = _bits_ge(cv, tk, m0, SP, FAST_SIGMOID)
+            m = _bits_ge(cv, tk, m0, SP, True)
             n_take = _popc(m, FAST_SIGMOID, SP)
             exact = (tl.sum(n_take, axis=1)[:, None] == TOPK) | (ok_st == 0)
             if tl.min(tl.min(exact.to(tl.int32), axis=1), axis=0) == 0:
