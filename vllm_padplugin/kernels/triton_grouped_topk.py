@@ -1001,7 +1001,7 @@ if HAS_TRITON:
             m = _bits_ge(cv, tk, m0, SP, True)
             n_take = _popc(m, FAST_SIGMOID, SP)
             exact = (tl.sum(n_take, axis=1)[:, None] == TOPK) | (ok_st == 0)
-            if tl.min(tl.min(exact.to(tl.int32), axis=1), axis=0) == 0:
+            if tl.min(tl.reshape(exact.to(tl.int32), [BLOCK_M * exact.shape[1]]), axis=0) == 0:
                 m_eq = _bits_eq(cv, tk, m0, SP)
                 n_eq = _popc(m_eq, FAST_SIGMOID, SP)
                 n_gt = n_take - n_eq
