@@ -421,7 +421,7 @@ def test_gpu_regs_wide_lanes_matches_reference(E, G, TG, K, scale, T, dtype, lan
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("E,G,TG,K,scale", ROUTERS)
-@pytest.mark.parametrize("T", [16, 256, 1024, 4096, 32768])
+@pytest.mark.parametrize("T", [16, 256, 1024, 4096, 16384, 32768])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("short_chain,l2_prefetch", [(True, False), (False, True), (True, True)])
 def test_gpu_regs_variants_match_reference(E, G, TG, K, scale, T, dtype, short_chain, l2_prefetch):
