@@ -239,8 +239,9 @@ def test_regs_fits_its_register_cap_without_spills():
 def test_rows_and_parts_kernels_under_triton_interpreter(kernel, short_chain):
     """The one-thread-per-token ("rows") and lanes-per-token ("parts", "regs") kernels' source, run by
     the interpreter: both routers, fp32 / bf16, bias or not, mask, sort-merge and insertion,
-    renormalised or not, integer logits (ties everywhere: lowest id wins); "regs" also with its
-    ``short_chain`` group ranking and lane scan."""
+    renormalised or not, integer logits (ties everywhere: lowest id wins); "regs" also as its
+    ``short_chain`` variant (groups ranked by counting, taken experts by a population count, the
+    tie path on the integer logits)."""
     extra = ", short_chain=True" if short_chain else ""
     _run_interpreted(
         f"""

@@ -750,37 +750,40 @@ if HAS_TRITON:
                       BLOCK_M, P, TOPK, RENORM, HAS_PAD)
 
     @triton.jit
-    def _bits_ge32(cv, t, J0: tl.constexpr, N: tl.constexpr):
-        """int32 with bit j - J0 set for each ``cv[j]`` >= ``t``, j in [J0, J0 + N): a select of
-        ``m | bit`` per value (ptxas: FSETP + @P IADD; ``m | (c << j)`` took ~3 instructions a
-        value), into four partial masks so the ORs do not form one dependent chain."""
-        z = tl.zeros_like(t).to(tl.int32)
-        ms = (z, z, z, z)
-        for j in tl.static_range(N):
-            a = tl.where(cv[J0 + j] >= t, ms[j % 4] | ((1 << j) - ((1 << j) >> 31 << 32)), ms[j % 4])
-            if j % 4 == 0:
-                ms = (a, ms[1], ms[2], ms[3])
-            elif j % 4 == 1:
-                ms = (ms[0], a, ms[2], ms[3])
-            elif j % 4 == 2:
-                ms = (ms[0], ms[1], a, ms[3])
-            else:
-                ms = (ms[0], ms[1], ms[2], a)
-        return (ms[0] | ms[1]) | (ms[2] | ms[3])
+    def _bits_word(cv, t, J0: tl.constexpr, N: tl.constexpr, EQ: tl.constexpr):
+        """int32 with bit j - J0 set for each ``cv[j]`` >= ``t`` (== with ``EQ``), j in [J0, J0 + N):
+        a select of ``m | bit`` a value (ptxas: a compare and a predicated add; ``m | (c << j)``
+        takes ~3 instructions a value), into four partial masks so the ORs do not form one
+        dependent chain."""
+        w = tl.zeros_like(t).to(tl.int32)
+        for q in tl.static_range(4):
+            a = tl.zeros_like(w)
+            for j in tl.static_range(q, N, 4):
+                bit = (1 << j) - ((1 << j) >> 31 << 32)  # bit j as a signed int32 (j = 31: -2**31)
+                if EQ:
+                    a = tl.where(cv[J0 + j] == t, a | bit, a)
+                else:
+                    a = tl.where(cv[J0 + j] >= t, a | bit, a)
+            w = w | a
+        return w
 
     @triton.jit
-    def _bits_ge(cv, t, m, SP: tl.constexpr, BY_WORDS: tl.constexpr = False):
-        """``m`` | bit j for each of the lane's choices ``cv[j]`` >= ``t``; ``BY_WORDS``: 32 bits at a
-        time by ``_bits_ge32`` (fewer instructions; the served build keeps its own lowering)."""
+    def _bits(cv, t, m, SP: tl.constexpr, EQ: tl.constexpr = False, BY_WORDS: tl.constexpr = False):
+        """``m`` | bit j for each of the lane's choices ``cv[j]`` >= ``t`` (== with ``EQ``);
+        ``BY_WORDS``: 32 bits at a time by ``_bits_word`` (fewer instructions; the served build
+        keeps its own lowering)."""
         if BY_WORDS:
             if SP <= 32:
-                return m | _bits_ge32(cv, t, 0, SP)
+                return m | _bits_word(cv, t, 0, SP, EQ)
             else:
-                lo = _bits_ge32(cv, t, 0, 32).to(tl.int64) & 0xFFFFFFFF
-                return m | lo | (_bits_ge32(cv, t, 32, SP - 32).to(tl.int64) << 32)
+                lo = _bits_word(cv, t, 0, 32, EQ).to(tl.int64) & 0xFFFFFFFF
+                return m | lo | (_bits_word(cv, t, 32, SP - 32, EQ).to(tl.int64) << 32)
         else:
             for j in tl.static_range(SP):
-                m = m | ((cv[j] >= t).to(m.dtype) << j)
+                if EQ:
+                    m = m | ((cv[j] == t).to(m.dtype) << j)
+                else:
+                    m = m | ((cv[j] >= t).to(m.dtype) << j)
             return m
 
     @triton.jit
@@ -792,13 +795,6 @@ if HAS_TRITON:
             take = (cv[j] > t) | (eq & (neq < take_eq))
             neq += eq.to(tl.int32)
             m = m | (take.to(m.dtype) << j)
-        return m
-
-    @triton.jit
-    def _bits_eq(cv, t, m, SP: tl.constexpr):
-        """``m`` | bit j for each of the lane's choices ``cv[j]`` == ``t``."""
-        for j in tl.static_range(SP):
-            m = m | ((cv[j] == t).to(m.dtype) << j)
         return m
 
     @triton.jit
@@ -998,11 +994,11 @@ if HAS_TRITON:
             # tie across its threshold): count them; only a block where some routed row has more
             # counts each lane's values above and at thr and takes the ties lowest id first
             tk = tl.where(keep, tl.reduce(Lt, 1, _merge8)[7][:, None], float("inf"))
-            m = _bits_ge(cv, tk, m0, SP, True)
+            m = _bits(cv, tk, m0, SP, BY_WORDS=True)
             n_take = _popc(m, FAST_SIGMOID, SP)
             exact = (tl.sum(n_take, axis=1)[:, None] == TOPK) | (ok_st == 0)
             if tl.min(tl.reshape(exact.to(tl.int32), [BLOCK_M * exact.shape[1]]), axis=0) == 0:
-                m_eq = _bits_eq(cv, tk, m0, SP)
+                m_eq = _bits(cv, tk, m0, SP, EQ=True, BY_WORDS=True)
                 n_eq = _popc(m_eq, FAST_SIGMOID, SP)
                 n_gt = n_take - n_eq
                 need = TOPK - tl.sum(n_gt, axis=1)[:, None]
@@ -1018,7 +1014,7 @@ if HAS_TRITON:
             tl_ = tl.where(keep, t2, float("inf"))
             exact = (take_eq == n_eq) & ((n_gt + n_eq < TOPK) | (n_eq == 0))
             if tl.min(tl.min(exact.to(tl.int32), axis=1), axis=0) == 1:
-                m = _bits_ge(cv, tl_, m0, SP)
+                m = _bits(cv, tl_, m0, SP)
             else:
                 m = _bits_ties(cv, tl_, take_eq, m0, SP)
 
@@ -1163,8 +1159,8 @@ def fused_grouped_topk(
     shuffle per other group, and takes each lane's values >= thr wherever a row has exactly
     ``topk`` of them (a population count), counting ties only in a block where some row has more
     (fewer instructions and a shorter dependent chain, the same results); ``l2_prefetch`` (<= 32
-    logits a lane, a grid of more than one wave) asks L2
-    for the next wave's logits and padding flags once a block's own logits are in.
+    logits a lane, a grid of more than one wave) asks L2 for the next wave's logits and padding
+    flags once a block's own logits are in.
     """
     tensors = [gating_output] + ([is_padding] if is_padding is not None else [])
     num_tokens, num_experts = gating_output.shape
