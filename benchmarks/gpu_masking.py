@@ -247,9 +247,8 @@ def interleaved(router: str, dname: str, T: int, dev: str, gen: torch.Generator,
     sets = input_sets(logits, gen)
     kw = route_kwargs(cfg)
     pads = {None: None, "none": torch.zeros_like(mask), "pad25": mask}
-    calls = {name: dict(v, is_padding=pads[v.get("padding")]) for name, v in variants.items()}
-    for c in calls.values():
-        c.pop("padding", None)
+    calls = {name: {**{k: x for k, x in v.items() if k != "padding"}, "is_padding": pads[v.get("padding")]}
+             for name, v in variants.items()}
     out = (torch.empty(T, k, device=dev), torch.empty(T, k, dtype=torch.int32, device=dev))
     choice = logits.float().sigmoid() + bias
     checks = {}
@@ -294,6 +293,19 @@ def interleaved_args(ap: argparse.ArgumentParser, tokens, rounds: int) -> argpar
     if args.rounds < 5:
         ap.error("--rounds: at least 5 (percentiles of fewer ratios mean little)")
     return args
+
+
+def interleaved_doc(script: str, args, **fields):
+    """``(generator, doc)`` for a run of ``script`` on this machine's GPU: the device, versions and
+    ``args``' rounds in ``doc``, then ``fields``; None (and a line on stderr) without one."""
+    if not torch.cuda.is_available():
+        print(f"{script}: no CUDA device; nothing to measure", file=sys.stderr)
+        return None
+    import triton
+
+    doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+           "rounds": args.rounds, "target_ms": args.target_ms, **fields, "cases": []}
+    return torch.Generator(device="cuda").manual_seed(0), doc
 
 
 def interleaved_cases(args, doc: dict, calls: dict[str, dict], base: str, dev: str, gen: torch.Generator,

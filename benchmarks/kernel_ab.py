@@ -29,13 +29,11 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_masking import (copy_bandwidth, interleaved_args, interleaved_cases, mismatch_status,  # noqa: E402
-                         pct_cell, plot_pct)
+from gpu_masking import (copy_bandwidth, interleaved_args, interleaved_cases, interleaved_doc,  # noqa: E402
+                         mismatch_status, pct_cell, plot_pct)
 
 TOKENS = (16, 256, 1024, 4096, 16384, 32768)
 CANDIDATES = {"short_chain": {"short_chain": True}, "l2_prefetch": {"l2_prefetch": True},
@@ -77,24 +75,18 @@ def main() -> int:
     ap.add_argument("--padding", choices=("none", "pad25", "off"), default="none",
                     help="the mask every variant gets: no row padded (serving, default), a quarter padded, or no mask")
     args = interleaved_args(ap, TOKENS, 21)
-    if not torch.cuda.is_available():
-        print("kernel_ab: no CUDA device; nothing to measure", file=sys.stderr)
-        return 2
-    import triton
-
-    dev = "cuda"
-    gen = torch.Generator(device=dev).manual_seed(0)
-    bwd = copy_bandwidth(dev)
     padding = None if args.padding == "off" else args.padding
     calls = variants(padding)
-    doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-           "copy_bandwidth": bwd, "padding": args.padding, "rounds": args.rounds, "target_ms": args.target_ms,
-           "variants": list(calls), "cases": []}
+    run = interleaved_doc("kernel_ab", args, padding=args.padding, variants=list(calls))
+    if run is None:
+        return 2
+    gen, doc = run
+    bwd = doc["copy_bandwidth"] = copy_bandwidth("cuda")
 
     def limit(r: dict) -> None:
         r["limit_us"] = (r["bytes"] + (r["T"] if padding else 0)) / (bwd["GBps"] * 1e9) * 1e6
 
-    interleaved_cases(args, doc, calls, "served", dev, gen, per_case=limit)
+    interleaved_cases(args, doc, calls, "served", "cuda", gen, per_case=limit)
     print_table(doc)
     if args.plot:
         plot(doc, args.plot)

@@ -28,12 +28,11 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_masking import interleaved_args, interleaved_cases, mismatch_status, pct_cell, plot_pct  # noqa: E402
+from gpu_masking import (interleaved_args, interleaved_cases, interleaved_doc, mismatch_status,  # noqa: E402
+                         pct_cell, plot_pct)
 
 TOKENS = (16, 64, 256, 1024, 4096, 32768)
 # fused_grouped_topk's keyword arguments per variant (gpu_masking.interleaved's "padding")
@@ -66,16 +65,11 @@ def plot(doc: dict, path: str) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     args = interleaved_args(ap, TOKENS, 41)
-    if not torch.cuda.is_available():
-        print("mask_cost: no CUDA device; nothing to measure", file=sys.stderr)
+    run = interleaved_doc("mask_cost", args)
+    if run is None:
         return 2
-    import triton
-
-    dev = "cuda"
-    gen = torch.Generator(device=dev).manual_seed(0)
-    doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-           "rounds": args.rounds, "target_ms": args.target_ms, "cases": []}
-    interleaved_cases(args, doc, CALLS, "none", dev, gen)
+    gen, doc = run
+    interleaved_cases(args, doc, CALLS, "none", "cuda", gen)
     print_table(doc)
     if args.plot:
         plot(doc, args.plot)
