@@ -9,17 +9,18 @@ control.  Every variant gets the padding mask with no row padded by default (``-
 vLLM serving passes it.  limit = bytes the kernel must move / the device-to-device copy bandwidth
 measured at the start of the same run.
 
-Variants (``fused_grouped_topk`` keyword arguments):
-  short_chain  the groups ranked by one independent shuffle per other group (served:
-               ``topk_group`` rounds of two dependent butterfly reductions); a lane takes its
-               values >= thr wherever a row has exactly ``topk`` of them, found by a population
-               count (served: each lane counts its list's values above and at thr, two scans and a
-               tie test first); ties counted only in a block where some row has more. Same results,
-               12-18 % fewer instructions on the common path (SASS), a shorter dependent chain
-  l2_prefetch  once a block's own logits are in, ask L2 for the logits and padding flags of the
-               block one wave on (an earlier try asked at the start, beside the block's own loads,
-               and lost 7 %)
-  both         the two together
+Variants (``fused_grouped_topk`` keyword arguments; "served" leaves ``short_chain`` to
+``short_chain_served``, which picked it where it won here on the H200, 2026-12-06):
+  long_chain   short_chain=False: the groups ranked by ``topk_group`` rounds of two dependent
+               butterfly reductions; each lane counts its list's values above and at thr, two
+               scans and a tie test (the build served before 2026-12-06)
+  short_chain  short_chain=True: the groups ranked by one independent shuffle per other group; a
+               lane takes its values >= thr wherever a row has exactly ``topk`` of them, found by
+               a population count; ties counted only in a block where some row has more. Same
+               results, 12-18 % fewer instructions on the common path (SASS)
+  l2_prefetch  the served build, and once a block's own logits are in it asks L2 for the logits
+               and padding flags of the block one wave on
+  both         short_chain and l2_prefetch
 
     python benchmarks/kernel_ab.py --json kernel_ab.json --plot kernel_ab.png
 """
@@ -36,8 +37,8 @@ from gpu_masking import (copy_bandwidth, interleaved_args, interleaved_cases, in
                          mismatch_status, pct_cell, plot_pct)
 
 TOKENS = (16, 256, 1024, 4096, 16384, 32768)
-CANDIDATES = {"short_chain": {"short_chain": True}, "l2_prefetch": {"l2_prefetch": True},
-              "both": {"short_chain": True, "l2_prefetch": True}}
+CANDIDATES = {"long_chain": {"short_chain": False}, "short_chain": {"short_chain": True},
+              "l2_prefetch": {"l2_prefetch": True}, "both": {"short_chain": True, "l2_prefetch": True}}
 
 
 def variants(padding: str | None) -> dict[str, dict]:

@@ -77,7 +77,8 @@ def sass_stats(kernels=None, routers=None):
                     variants["regs"] = (m._grouped_topk_regs_kernel, base)
                 masked = dict(base, HAS_PAD=True, SKIP_PADDED_LOADS=True)
                 variants["regs+mask" + at] = (m._grouped_topk_regs_kernel, masked)
-                # the variants not served until timed (fused_grouped_topk's short_chain / l2_prefetch);
+                # "regs+mask" is the long chain; "+short" is served where short_chain_served says so;
+                # "+l2pf" is not served (results/kernel_ab_h200.*)
                 # PF_BLOCKS: one wave of 32 one-warp programs on 132 SMs
                 variants["regs+mask+short" + at] = (m._grouped_topk_regs_kernel, dict(masked, SHORT_CHAIN=True))
                 variants["regs+mask+l2pf" + at] = (m._grouped_topk_regs_kernel, dict(masked, PF_BLOCKS=32 * 132))
@@ -152,7 +153,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--kernel", default=None)
     ap.add_argument("--num-warps", type=int, default=None)
-    ap.add_argument("--short-chain", action="store_true", help="launch regs' short_chain variant")
+    ap.add_argument("--short-chain", action="store_true", help="launch regs' short_chain build at every size")
+    ap.add_argument("--long-chain", action="store_true", help="launch regs' long-chain build (served before 2026-12-06)")
     ap.add_argument("--l2-prefetch", action="store_true", help="launch regs' l2_prefetch variant")
     ap.add_argument("--sass", action="store_true", help="static SASS counts, no GPU (see the docstring)")
     args = ap.parse_args()
@@ -168,7 +170,7 @@ def main() -> None:
         mask[T - T // 4:] = True
         none = torch.zeros_like(mask)
         kw = dict(topk=K, num_expert_group=G, topk_group=TG, routed_scaling_factor=scale,
-                  kernel=args.kernel, num_warps=args.num_warps, short_chain=args.short_chain,
+                  kernel=args.kernel, num_warps=args.num_warps, short_chain=True if args.short_chain else (False if args.long_chain else None),
                   l2_prefetch=args.l2_prefetch)
         for m in (None, mask, none):
             fused_grouped_topk(x, b, is_padding=m, **kw)

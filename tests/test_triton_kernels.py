@@ -207,12 +207,27 @@ def test_kernel_source_under_triton_interpreter():
 
 
 
+def test_short_chain_served_where_it_won_on_the_h200():
+    """The served "regs" build follows results/kernel_ab_h200.*: short_chain for routers that drop
+    groups at every size; for routers that keep every group only at 4096 tokens and bf16 above
+    (it lost 1-2 % at <= 1024 tokens and was even for fp32 above 4096)."""
+    from vllm_padplugin.kernels.triton_grouped_topk import short_chain_served
+
+    for T in (1, 16, 256, 1024, 4096, 32768):
+        for dt in (torch.float32, torch.bfloat16):
+            assert short_chain_served(T, True, dt)
+    assert [short_chain_served(T, False, torch.float32) for T in (16, 1024, 2048, 4096, 16384, 32768)] == [
+        False, False, False, True, False, False]
+    assert [short_chain_served(T, False, torch.bfloat16) for T in (16, 1024, 2048, 4096, 16384, 32768)] == [
+        False, False, False, True, True, True]
+
+
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed: no compiler")
 def test_regs_fits_its_register_cap_without_spills():
     """fused_grouped_topk launches "regs" with maxnreg=64 for lanes of <= 32 logits (DeepSeek-V3),
     so that the mask does not cost blocks per SM (issue 11, H200 ncu).  Compiled here for sm_90
     with the installed Triton's ptxas (no GPU): with and without the mask, 8 / 16 / 32 lanes, and
-    the variants not yet served (short_chain, l2_prefetch, both), fp32 and bf16, the kernel must
+    the variants (short_chain, l2_prefetch, both), fp32 and bf16, the kernel must
     fit the cap with no spill, or the cap costs local-memory traffic."""
     import triton
 
@@ -242,7 +257,7 @@ def test_rows_and_parts_kernels_under_triton_interpreter(kernel, short_chain):
     renormalised or not, integer logits (ties everywhere: lowest id wins); "regs" also as its
     ``short_chain`` variant (groups ranked by counting, taken experts by a population count, the
     tie path on the integer logits)."""
-    extra = ", short_chain=True" if short_chain else ""
+    extra = f", short_chain={short_chain}" if kernel == "regs" else ""  # False: the long chain, not the default
     _run_interpreted(
         f"""
         import torch

@@ -1076,6 +1076,17 @@ _CONFIGS_REGS: dict[int, tuple[str, int, int]] = {0: ("regs", 1, 1), 1024: ("reg
 _CONFIGS_REGS_NO_DROP: dict[int, tuple[str, int, int]] = {0: ("regs", 2, 1), 4097: ("regs", 4, 1)}
 
 
+def short_chain_served(num_tokens: int, drops_groups: bool, dtype: torch.dtype) -> bool:
+    """Whether the served "regs" build is ``short_chain``: where it beat the long chain on the
+    H200 (benchmarks/kernel_ab.py, results/kernel_ab_h200.*: median < -1 %, 90th percentile < 0,
+    A/A within 1 %).  Routers that drop groups (DeepSeek-V3): every size (-5 to -16 %).  Routers
+    that keep every group (Kimi-style): 4096 tokens (-8 / -9 %) and bf16 above (-3 / -7 %); at
+    <= 1024 tokens it lost 1-2 %, fp32 above 4096 was even (+-0.4 %), 1025-4095 not timed."""
+    if drops_groups:
+        return True
+    return num_tokens >= 4096 and (num_tokens == 4096 or dtype != torch.float32)
+
+
 @functools.lru_cache(maxsize=None)
 def _resident_blocks(device: torch.device, regs: int, num_warps: int) -> int:
     """Programs of ``num_warps`` warps at ``regs`` registers a thread resident at once on
@@ -1138,7 +1149,7 @@ def fused_grouped_topk(
     skip_padded_loads: bool | None = None,
     kernel: str | None = None,
     merge: bool | None = None,
-    short_chain: bool = False,
+    short_chain: bool | None = None,
     l2_prefetch: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sigmoid grouped top-k + mask in one launch; returns ``(weights f32, ids i32)``.
@@ -1154,13 +1165,13 @@ def fused_grouped_topk(
     ``default_config``; ``merge`` (rows / parts): sort-and-merge (default where ``topk`` is a
     power of 2 >= the chunk) or insertion for the k best.  "rows" needs the experts per group,
     "parts" those per lane, to be whole 16-byte chunks of logits; else "tile".
-    Two "regs" variants, not served until timed against the served build (issue 11;
-    ``benchmarks/kernel_ab.py``): ``short_chain`` ranks the groups with one independent
-    shuffle per other group, and takes each lane's values >= thr wherever a row has exactly
-    ``topk`` of them (a population count), counting ties only in a block where some row has more
-    (fewer instructions and a shorter dependent chain, the same results); ``l2_prefetch`` (<= 32
-    logits a lane, a grid of more than one wave) asks L2 for the next wave's logits and padding
-    flags once a block's own logits are in.
+    Two "regs" variants (issue 11; ``benchmarks/kernel_ab.py``): ``short_chain`` ranks the
+    groups with one independent shuffle per other group, and takes each lane's values >= thr
+    wherever a row has exactly ``topk`` of them (a population count), counting ties only in a
+    block where some row has more (fewer instructions and a shorter dependent chain, the same
+    results); default (None): where it won on the H200, ``short_chain_served``.
+    ``l2_prefetch`` (<= 32 logits a lane, a grid of more than one wave; not served: it lost at
+    bf16) asks L2 for the next wave's logits and padding flags once a block's own logits are in.
     """
     tensors = [gating_output] + ([is_padding] if is_padding is not None else [])
     num_tokens, num_experts = gating_output.shape
@@ -1264,6 +1275,8 @@ def fused_grouped_topk(
             cap = {}
             if not (_interpreting() or torch.version.hip):  # Triton's HIP backend has no maxnreg
                 cap = _regs_cap(sp)
+            if short_chain is None:
+                short_chain = short_chain_served(num_tokens, num_expert_group > topk_group, gating_output.dtype)
             pf = _resident_blocks(gating_output.device, cap["maxnreg"], nw) if l2_prefetch and cap else 0
             _grouped_topk_regs_kernel[grid](*args, P=lanes, SP=sp, LPG=lpg, SHORT_CHAIN=short_chain,
                                             PF_BLOCKS=pf if grid[0] > pf else 0, **cap, **extra, **common)
