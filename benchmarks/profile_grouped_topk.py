@@ -153,8 +153,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--kernel", default=None)
     ap.add_argument("--num-warps", type=int, default=None)
-    ap.add_argument("--short-chain", action="store_true", help="launch regs' short_chain build at every size")
-    ap.add_argument("--long-chain", action="store_true", help="launch regs' long-chain build (served before 2026-12-06)")
+    ap.add_argument("--short-chain", dest="short_chain", action="store_const", const=True, default=None,
+                    help="launch regs' short_chain build at every size (default: where it is served)")
+    ap.add_argument("--long-chain", dest="short_chain", action="store_const", const=False,
+                    help="launch regs' long-chain build (served before 2026-12-06)")
     ap.add_argument("--l2-prefetch", action="store_true", help="launch regs' l2_prefetch variant")
     ap.add_argument("--sass", action="store_true", help="static SASS counts, no GPU (see the docstring)")
     args = ap.parse_args()
@@ -170,7 +172,7 @@ def main() -> None:
         mask[T - T // 4:] = True
         none = torch.zeros_like(mask)
         kw = dict(topk=K, num_expert_group=G, topk_group=TG, routed_scaling_factor=scale,
-                  kernel=args.kernel, num_warps=args.num_warps, short_chain=True if args.short_chain else (False if args.long_chain else None),
+                  kernel=args.kernel, num_warps=args.num_warps, short_chain=args.short_chain,
                   l2_prefetch=args.l2_prefetch)
         for m in (None, mask, none):
             fused_grouped_topk(x, b, is_padding=m, **kw)
