@@ -18,9 +18,12 @@ Variants (``fused_grouped_topk`` keyword arguments; "served" leaves ``short_chai
                lane takes its values >= thr wherever a row has exactly ``topk`` of them, found by
                a population count; ties counted only in a block where some row has more. Same
                results, 12-18 % fewer instructions on the common path (SASS)
-  l2_prefetch  the served build, and once a block's own logits are in it asks L2 for the logits
-               and padding flags of the block one wave on
-  both         short_chain and l2_prefetch
+  pipe2        the served build as one wave of programs looping over the blocks, Triton's
+               software pipeliner (2 stages) streaming the next block's logits into shared memory
+               (cp.async) while one is routed (only where a batch is more than one wave)
+  pipe3        the same, 3 stages (two blocks ahead)
+  pipe2_half   pipe2 with half a wave of programs (twice the blocks each; acts from half a wave)
+  pipe3_half   pipe3 with half a wave of programs
 
     python benchmarks/kernel_ab.py --json kernel_ab.json --plot kernel_ab.png
 """
@@ -38,7 +41,8 @@ from gpu_masking import (copy_bandwidth, interleaved_args, interleaved_cases, in
 
 TOKENS = (16, 256, 1024, 4096, 16384, 32768)
 CANDIDATES = {"long_chain": {"short_chain": False}, "short_chain": {"short_chain": True},
-              "l2_prefetch": {"l2_prefetch": True}, "both": {"short_chain": True, "l2_prefetch": True}}
+              "pipe2": {"pipeline": 2}, "pipe3": {"pipeline": 3},
+              "pipe2_half": {"pipeline": 2, "pipeline_wave": 0.5}, "pipe3_half": {"pipeline": 3, "pipeline_wave": 0.5}}
 
 
 def variants(padding: str | None) -> dict[str, dict]:
