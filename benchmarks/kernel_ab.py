@@ -18,12 +18,6 @@ Variants (``fused_grouped_topk`` keyword arguments; "served" leaves ``short_chai
                lane takes its values >= thr wherever a row has exactly ``topk`` of them, found by
                a population count; ties counted only in a block where some row has more. Same
                results, 12-18 % fewer instructions on the common path (SASS)
-  pipe2        the served build as one wave of programs looping over the blocks, Triton's
-               software pipeliner (2 stages) streaming the next block's logits into shared memory
-               (cp.async) while one is routed (only where a batch is more than one wave)
-  pipe3        the same, 3 stages (two blocks ahead)
-  pipe2_half   pipe2 with half a wave of programs (twice the blocks each; acts from half a wave)
-  pipe3_half   pipe3 with half a wave of programs
 
     python benchmarks/kernel_ab.py --json kernel_ab.json --plot kernel_ab.png
 """
@@ -40,9 +34,7 @@ from gpu_masking import (copy_bandwidth, interleaved_args, interleaved_cases, in
                          mismatch_status, pct_cell, plot_pct)
 
 TOKENS = (16, 256, 1024, 4096, 16384, 32768)
-CANDIDATES = {"long_chain": {"short_chain": False}, "short_chain": {"short_chain": True},
-              "pipe2": {"pipeline": 2}, "pipe3": {"pipeline": 3},
-              "pipe2_half": {"pipeline": 2, "pipeline_wave": 0.5}, "pipe3_half": {"pipeline": 3, "pipeline_wave": 0.5}}
+CANDIDATES = {"long_chain": {"short_chain": False}, "short_chain": {"short_chain": True}}
 
 
 def variants(padding: str | None) -> dict[str, dict]:

@@ -3,8 +3,7 @@ the mask (25 % of rows padded) and with the mask but no row padded, per size and
 
     ncu --clock-control none -k regex:_grouped_topk \
         --metrics dram__bytes_read.sum,dram__bytes_write.sum,smsp__inst_executed.sum,gpu__time_duration.sum \
-        python3 benchmarks/profile_grouped_topk.py [--kernel tile|rows] [--num-warps N] [--short-chain] [--pipeline 2]
-        [--keep-padded-loads]
+        python3 benchmarks/profile_grouped_topk.py [--kernel tile|rows] [--num-warps N] [--short-chain] [--keep-padded-loads]
 
 Launch order (ncu lists them in this order): for each (router, dtype, T) in CASES:
 no mask, mask 25 %, mask none padded.  The kernel reads 1 byte per token more with the
@@ -29,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from vllm_padplugin.kernels.triton_grouped_topk import fused_grouped_topk  # noqa: E402
 
 CASES = [("deepseek-v3", torch.float32, 32768), ("deepseek-v3", torch.bfloat16, 32768),
-         ("deepseek-v3", torch.float32, 4096), ("kimi-style", torch.float32, 32768)]
+         ("deepseek-v3", torch.float32, 4096), ("kimi-style", torch.float32, 32768),
+         ("deepseek-v3", torch.float32, 1024)]  # (appended 2026-12-06: earlier ncu logs list the first four)
 ROUTER = {"deepseek-v3": (256, 8, 4, 8, 2.5), "kimi-style": (384, 1, 1, 8, 2.827)}
 
 
@@ -79,12 +79,7 @@ def sass_stats(kernels=None, routers=None):
                 masked = dict(base, HAS_PAD=True, SKIP_PADDED_LOADS=True)
                 variants["regs+mask" + at] = (m._grouped_topk_regs_kernel, masked)
                 # "regs+mask" is the long chain; "+short" is served where short_chain_served says so;
-                # "+pipe2" / "+pipe3": one wave of programs looping over the blocks, software-pipelined
-                # (not served until timed: results/kernel_ab_h200_pipe.*)
                 variants["regs+mask+short" + at] = (m._grouped_topk_regs_kernel, dict(masked, SHORT_CHAIN=True))
-                for st in (2, 3) if not at else ():  # where it can act: the 8 lanes of large batches
-                    variants[f"regs+mask+short+pipe{st}" + at] = (m._grouped_topk_regs_kernel,
-                                                                  dict(masked, SHORT_CHAIN=True, PIPE=st))
             for name, (fn, ce) in variants.items():
                 if kernels is not None and name not in kernels:
                     continue
@@ -114,7 +109,6 @@ def sass_stats(kernels=None, routers=None):
                 stack = re.search(r"STACK:(\d+)", res)
                 yield {"name": name, "router": router, "dtype": dt, "instructions": len(pcs),
                        "common_path": common_path(sass) if name.startswith("regs") else None,
-                       "async_copies": len(re.findall(r"\bLDGSTS\b", sass)),
                        "registers": int(regs.group(1)) if regs else None, "stack": int(stack.group(1)) if stack else None,
                        "loops": [(b - a) // 16 + 1 for a, b in loops], "options": opts}
 
@@ -158,7 +152,6 @@ def main() -> None:
                     help="launch regs' short_chain build at every size (default: where it is served)")
     ap.add_argument("--long-chain", dest="short_chain", action="store_const", const=False,
                     help="launch regs' long-chain build (served before 2026-12-06)")
-    ap.add_argument("--pipeline", type=int, default=0, help="launch regs' pipelined variant, this many stages")
     ap.add_argument("--keep-padded-loads", action="store_true",
                     help="masked launches load padded rows' logits too (skip_padded_loads=False): no load waits for the flag")
     ap.add_argument("--sass", action="store_true", help="static SASS counts, no GPU (see the docstring)")
@@ -176,7 +169,7 @@ def main() -> None:
         none = torch.zeros_like(mask)
         kw = dict(topk=K, num_expert_group=G, topk_group=TG, routed_scaling_factor=scale,
                   kernel=args.kernel, num_warps=args.num_warps, short_chain=args.short_chain,
-                  pipeline=args.pipeline, skip_padded_loads=False if args.keep_padded_loads else None)
+                  skip_padded_loads=False if args.keep_padded_loads else None)
         for m in (None, mask, none):
             fused_grouped_topk(x, b, is_padding=m, **kw)
         torch.cuda.synchronize()

@@ -229,31 +229,6 @@ def test_regs_fits_its_register_cap_without_spills():
     with the installed Triton's ptxas (no GPU): with and without the mask, 8 / 16 / 32 lanes, and
     the short_chain variant, fp32 and bf16, the kernel must fit the cap with no spill, or the cap
     costs local-memory traffic."""
-    names = {"regs"} | {f"regs+mask{v}{at}" for v in ("", "+short") for at in ("", "@16", "@32")}
-    # 8 lanes (served above 4096 tokens), 16, 32
-    stats = list(_sass_stats(names))
-    assert len(stats) == 2 * len(names)  # fp32, bf16
-    for r in stats:
-        assert r["options"].get("maxnreg") == 64, r
-        assert r["registers"] <= 64 and r["stack"] == 0 and r["async_copies"] == 0, r
-
-
-@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed: no compiler")
-def test_regs_pipeline_streams_the_logits_through_shared_memory():
-    """The ``pipeline`` builds (kernel_ab.py's pipe2 / pipe3) are what they claim only if Triton's
-    software pipeliner turns the logits loads into asynchronous copies to shared memory
-    (``LDGSTS``, sm_90 SASS compiled here with no GPU): at least one a 16-byte chunk of a lane's
-    logits, and a loop.  Under the 64-register cap they spill (measured: 32-80 B of stack);
-    kernel_ab.py times them as launched."""
-    stats = list(_sass_stats({"regs+mask+short+pipe2", "regs+mask+short+pipe3"}))
-    assert len(stats) == 4, stats
-    for r in stats:
-        chunks = 32 // (4 if r["dtype"] == "fp32" else 8)
-        assert r["async_copies"] >= chunks and r["loops"], r
-
-
-def _sass_stats(names):
-    """``profile_grouped_topk.sass_stats`` for DeepSeek-V3's builds ``names`` (skips without ptxas)."""
     import triton
 
     if not os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")):
@@ -263,21 +238,24 @@ def _sass_stats(names):
         import profile_grouped_topk
     finally:
         sys.path.pop(0)
-    return profile_grouped_topk.sass_stats(kernels=names, routers={"deepseek-v3"})
+    names = {"regs"} | {f"regs+mask{v}{at}" for v in ("", "+short")
+                        for at in ("", "@16", "@32")}  # 8 lanes (served above 4096 tokens), 16, 32
+    stats = list(profile_grouped_topk.sass_stats(kernels=names, routers={"deepseek-v3"}))
+    assert len(stats) == 2 * len(names)  # fp32, bf16
+    for r in stats:
+        assert r["options"].get("maxnreg") == 64, r
+        assert r["registers"] <= 64 and r["stack"] == 0, r
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed: no interpreter to run the kernel source")
-@pytest.mark.parametrize("kernel,short_chain,pipeline", [("rows", False, 0), ("parts", False, 0), ("regs", False, 0),
-                                                        ("regs", True, 0), ("regs", True, 2)])
-def test_rows_and_parts_kernels_under_triton_interpreter(kernel, short_chain, pipeline):
+@pytest.mark.parametrize("kernel,short_chain", [("rows", False), ("parts", False), ("regs", False), ("regs", True)])
+def test_rows_and_parts_kernels_under_triton_interpreter(kernel, short_chain):
     """The one-thread-per-token ("rows") and lanes-per-token ("parts", "regs") kernels' source, run by
     the interpreter: both routers, fp32 / bf16, bias or not, mask, sort-merge and insertion,
     renormalised or not, integer logits (ties everywhere: lowest id wins); "regs" also as its
     ``short_chain`` variant (groups ranked by counting, taken experts by a population count, the
-    tie path on the integer logits); and ``pipeline`` (the interpreter's wave is 2 programs, so each
-    loops over 5 blocks; routers with <= 32 logits a lane)."""
-    # short_chain=False: the long chain, not the default
-    extra = f", short_chain={short_chain}, pipeline={pipeline}" if kernel == "regs" else ""
+    tie path on the integer logits)."""
+    extra = f", short_chain={short_chain}" if kernel == "regs" else ""  # False: the long chain, not the default
     _run_interpreted(
         f"""
         import torch
@@ -459,14 +437,12 @@ def test_gpu_regs_wide_lanes_matches_reference(E, G, TG, K, scale, T, dtype, lan
 @pytest.mark.parametrize("E,G,TG,K,scale", ROUTERS)
 @pytest.mark.parametrize("T", [16, 256, 1024, 4096, 16384, 32768])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("short_chain,pipeline,wave", [(False, 0, 1.0), (True, 0, 1.0), (True, 2, 1.0), (True, 3, 1.0),
-                                                      (True, 2, 0.5), (True, 3, 0.5)])
-def test_gpu_regs_variants_match_reference(E, G, TG, K, scale, T, dtype, short_chain, pipeline, wave):
-    """The "regs" variants benchmarks/kernel_ab.py times against the served build, at the sizes
-    it times (the pipelined ones loop from 16384 tokens at half a wave, 32768 at one), with a
-    bias and a mask; integer logits (ties everywhere) too."""
-    _regs_matches_reference(E, G, TG, K, scale, T, dtype, T + E + 3, short_chain=short_chain, pipeline=pipeline,
-                            pipeline_wave=wave)
+@pytest.mark.parametrize("short_chain", [False, True])
+def test_gpu_regs_variants_match_reference(E, G, TG, K, scale, T, dtype, short_chain):
+    """The "regs" variants benchmarks/kernel_ab.py times against the served build (the long and
+    the short chain, each forced), at the sizes it times, with a bias and a mask; integer logits
+    (ties everywhere) too."""
+    _regs_matches_reference(E, G, TG, K, scale, T, dtype, T + E + 3, short_chain=short_chain)
 
 
 def _regs_matches_reference(E, G, TG, K, scale, T, dtype, seed, **launch):

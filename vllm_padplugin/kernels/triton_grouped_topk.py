@@ -41,8 +41,6 @@ Falls back to the torch reference when Triton or a CUDA tensor is unavailable.
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from vllm_padplugin.kernels.reference import grouped_topk_reference
@@ -546,21 +544,9 @@ if HAS_TRITON:
                 tl.store(w_out_ptr + obase + slot, tl.zeros([BM, P], tl.float32), mask=pm)
 
     @triton.jit
-    def _load_unpipelined(ptrs, mask, other, PIPE: tl.constexpr, T):
-        """``tl.load``; in a software-pipelined loop (``PIPE``) inside a branch that is always taken
-        (T > 0), which Triton's pipeliner leaves in place: issued a block ahead, the bias would
-        take shared memory a stage and the weights' logit reload would carry its operands into
-        the next iteration, in registers."""
-        if PIPE and T > 0:
-            x = tl.load(ptrs, mask=mask, other=other)
-        else:
-            x = tl.load(ptrs, mask=mask, other=other)
-        return x
-
-    @triton.jit
     def _slots_write(logits_ptr, w_out_ptr, ids_out_ptr, rows64, stride_t, lane, m, off, scale, ok_st, row_ok, pad,
-                     T, FAST: tl.constexpr, BM: tl.constexpr, P: tl.constexpr, SP: tl.constexpr, TOPK: tl.constexpr,
-                     RENORM: tl.constexpr, PIPE: tl.constexpr):
+                     FAST: tl.constexpr, BM: tl.constexpr, P: tl.constexpr, SP: tl.constexpr, TOPK: tl.constexpr,
+                     RENORM: tl.constexpr):
         """Lane s writes output slot s (s, s + P, .. when P < TOPK): the lanes' taken experts
         (bit masks ``m``) fill slots [off, off + its count) in ascending id, so slot s belongs
         to the last lane whose ``off`` <= s (``off`` is non-decreasing: a binary search over
@@ -591,7 +577,7 @@ if HAS_TRITON:
             bit = ((low.to(tl.float32).to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
             eid = q * SP + bit
             act = ok_st & (slot < TOPK)
-            x = _load_unpipelined(logits_ptr + rows64 * stride_t + eid, act, 0.0, PIPE, T).to(tl.float32)
+            x = tl.load(logits_ptr + rows64 * stride_t + eid, mask=act, other=0.0).to(tl.float32)
             s = tl.where(act, _sigmoid_rows(x, FAST), 0.0)
             wsum += tl.sum(s, axis=1)
             ws = ws + (s,)
@@ -853,8 +839,7 @@ if HAS_TRITON:
         return above < TOPK_GROUP
 
     @triton.jit
-    def _regs_block(
-        blk,
+    def _grouped_topk_regs_kernel(
         logits_ptr,
         bias_ptr,
         pad_ptr,
@@ -881,8 +866,7 @@ if HAS_TRITON:
         P: tl.constexpr,
         SP: tl.constexpr,
         LPG: tl.constexpr,
-        SHORT_CHAIN: tl.constexpr,
-        PIPE: tl.constexpr,
+        SHORT_CHAIN: tl.constexpr = False,
     ):
         """P lanes per token, lane p holding experts [p SP, (p + 1) SP) (its group when groups
         are dropped: P = G) in registers for the whole kernel: every logit is read and put
@@ -899,11 +883,12 @@ if HAS_TRITON:
         recomputed from one cached load.  ``LPG`` is unused.  ``SHORT_CHAIN`` (served where it won,
         ``short_chain_served``) ranks the groups by ``_group_keep`` and counts the taken bits
         instead of the lists' values above and at thr, the ties only where a row has more than
-        ``TOPK`` values >= thr.  ``PIPE``: see ``_grouped_topk_regs_kernel``.
+        ``TOPK`` values >= thr.
         """
         NEG: tl.constexpr = float("-inf")
         NCH: tl.constexpr = SP // VEC
-        rows = blk * BLOCK_M + tl.arange(0, BLOCK_M)
+        pid = tl.program_id(0)
+        rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
         lane = tl.arange(0, P)[None, :]  # [1, P]
         # Row flags: under the 64-register cap (<= 32 logits a lane) in the lanes' [BM, P] layout
         # from the start, so the padding flag is loaded once (a [BM] flag is loaded again for each
@@ -937,7 +922,7 @@ if HAS_TRITON:
         for ci in tl.static_range(NCH):
             xv = _sigmoid_rows(xs[ci].to(tl.float32), FAST_SIGMOID)
             if HAS_BIAS:
-                xv = xv + _load_unpipelined(bp + ci * VEC, None, None, PIPE > 0, T).to(tl.float32)
+                xv = xv + tl.load(bp + ci * VEC).to(tl.float32)
             cv = cv + _split_lanes(xv, BLOCK_M, P, VEC)
         Lt = _sort_desc((cv[0], cv[1], cv[2], cv[3], cv[4], cv[5], cv[6], cv[7]), 8)
         for c8 in tl.static_range(8, SP, 8):
@@ -1018,7 +1003,7 @@ if HAS_TRITON:
         # 32768 25.2 -> 27.7 us.  benchmarks/RESULTS.md.
         if SP <= 32:
             _slots_write(logits_ptr, w_out_ptr, ids_out_ptr, rows64, stride_t, lane, m, off, scale, ok_st, row_ok,
-                         pad, T, FAST_SIGMOID, BLOCK_M, P, SP, TOPK, RENORM, PIPE > 0)
+                         pad, FAST_SIGMOID, BLOCK_M, P, SP, TOPK, RENORM)
         else:
             ok2 = ok_st & keep
             obase = rows64 * TOPK
@@ -1040,53 +1025,6 @@ if HAS_TRITON:
                     wsum += tl.where(act, s, 0.0)
             _lanes_finish(w_out_ptr, ids_out_ptr, obase, lane, wsum, scale, ok_st, row_ok, pad, BLOCK_M, P, TOPK,
                           RENORM, HAS_PAD)
-
-    @triton.jit
-    def _grouped_topk_regs_kernel(
-        logits_ptr,
-        bias_ptr,
-        pad_ptr,
-        w_out_ptr,
-        ids_out_ptr,
-        T,
-        stride_t,
-        pad_stride,
-        scale,
-        G: tl.constexpr,
-        S: tl.constexpr,
-        TOPK_GROUP: tl.constexpr,
-        TOPK: tl.constexpr,
-        HAS_BIAS: tl.constexpr,
-        HAS_PAD: tl.constexpr,
-        RENORM: tl.constexpr,
-        SKIP_PADDED_LOADS: tl.constexpr,
-        BLOCK_M: tl.constexpr,
-        VEC: tl.constexpr,
-        BLOCK_K: tl.constexpr,
-        FAST_SIGMOID: tl.constexpr,
-        MERGE: tl.constexpr,
-        LOG_TOPK: tl.constexpr,
-        P: tl.constexpr,
-        SP: tl.constexpr,
-        LPG: tl.constexpr,
-        SHORT_CHAIN: tl.constexpr = False,
-        PIPE: tl.constexpr = 0,
-    ):
-        """Block ``program_id`` of the grid by ``_regs_block``; ``PIPE`` > 0 (not served until
-        timed, ``benchmarks/kernel_ab.py``): a grid of at most one wave whose programs take
-        blocks ``program_id``, + ``num_programs``, .. in a loop Triton software-pipelines with
-        ``PIPE`` stages: the next block's logits stream into shared memory (``cp.async``) while
-        this one is routed, with no registers held for them (the register prefetch of 2026-12-03
-        lost for its registers)."""
-        if PIPE > 0:
-            for blk in tl.range(tl.program_id(0), tl.cdiv(T, BLOCK_M), tl.num_programs(0), num_stages=PIPE):
-                _regs_block(blk, logits_ptr, bias_ptr, pad_ptr, w_out_ptr, ids_out_ptr, T, stride_t, pad_stride, scale, G, S,
-                            TOPK_GROUP, TOPK, HAS_BIAS, HAS_PAD, RENORM, SKIP_PADDED_LOADS, BLOCK_M, VEC, BLOCK_K,
-                            FAST_SIGMOID, MERGE, LOG_TOPK, P, SP, LPG, SHORT_CHAIN, PIPE)
-        else:
-            _regs_block(tl.program_id(0), logits_ptr, bias_ptr, pad_ptr, w_out_ptr, ids_out_ptr, T, stride_t, pad_stride, scale, G, S,
-                        TOPK_GROUP, TOPK, HAS_BIAS, HAS_PAD, RENORM, SKIP_PADDED_LOADS, BLOCK_M, VEC, BLOCK_K,
-                        FAST_SIGMOID, MERGE, LOG_TOPK, P, SP, LPG, SHORT_CHAIN, PIPE)
 
 # (kernel, BLOCK_M, num_warps) per batch size; key = the smallest batch size an entry is
 # for.  From the H200 sweeps (benchmarks/gpu_masking.py --tune): "tile" with one token per
@@ -1126,18 +1064,6 @@ def short_chain_served(num_tokens: int, drops_groups: bool, dtype: torch.dtype) 
     if drops_groups:
         return True
     return num_tokens == 4096 or (num_tokens > 4096 and dtype != torch.float32)
-
-
-@functools.lru_cache(maxsize=None)
-def _resident_blocks(device: torch.device, regs: int, num_warps: int, smem: int = 0) -> int:
-    """Programs of ``num_warps`` warps at ``regs`` registers a thread and ``smem`` bytes of
-    shared memory resident at once on ``device`` (one wave of the grid): <= 32 blocks, 64 warps,
-    64 K registers and the SM's shared memory (1 KB of it reserved a block) an SM."""
-    props = torch.cuda.get_device_properties(device)
-    per_sm = min(32, 64 // num_warps, 65536 // (32 * regs) // num_warps)
-    if smem:
-        per_sm = min(per_sm, getattr(props, "shared_memory_per_multiprocessor", 233472) // (smem + 1024))
-    return per_sm * props.multi_processor_count
 
 
 def default_config(num_tokens: int, num_experts: int, dtype: torch.dtype | None = None, *,
@@ -1195,8 +1121,6 @@ def fused_grouped_topk(
     kernel: str | None = None,
     merge: bool | None = None,
     short_chain: bool | None = None,
-    pipeline: int = 0,
-    pipeline_wave: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sigmoid grouped top-k + mask in one launch; returns ``(weights f32, ids i32)``.
 
@@ -1211,15 +1135,11 @@ def fused_grouped_topk(
     ``default_config``; ``merge`` (rows / parts): sort-and-merge (default where ``topk`` is a
     power of 2 >= the chunk) or insertion for the k best.  "rows" needs the experts per group,
     "parts" those per lane, to be whole 16-byte chunks of logits; else "tile".
-    Two "regs" variants (issue 11; ``benchmarks/kernel_ab.py``): ``short_chain`` ranks the
+    The "regs" variant ``short_chain`` (issue 11; ``benchmarks/kernel_ab.py``) ranks the
     groups with one independent shuffle per other group, and takes each lane's values >= thr
     wherever a row has exactly ``topk`` of them (a population count), counting ties only in a
     block where some row has more (fewer instructions and a shorter dependent chain, the same
     results); default (None): where it won on the H200, ``short_chain_served``.
-    ``pipeline`` (stages >= 2; "regs" with <= 32 logits a lane, a batch of more than one wave of
-    programs; not served until timed) launches one wave of programs (``pipeline_wave`` of one:
-    fewer programs, more blocks each) that loop over the blocks, the next block's logits
-    streaming into shared memory while one is routed.
     """
     tensors = [gating_output] + ([is_padding] if is_padding is not None else [])
     num_tokens, num_experts = gating_output.shape
@@ -1325,18 +1245,8 @@ def fused_grouped_topk(
                 cap = _regs_cap(sp)
             if short_chain is None:
                 short_chain = short_chain_served(num_tokens, num_expert_group > topk_group, gating_output.dtype)
-            pipe = 0
-            if pipeline and sp <= 32:
-                # one wave: the registers' and shared memory's limit (a buffer a stage of a block's
-                # logits and flags) on a GPU; 2 programs in the interpreter, so its tests run the loop
-                smem = (pipeline - 1) * bm * (num_experts * gating_output.element_size() + 1)
-                wave = 2 if _interpreting() else _resident_blocks(gating_output.device, cap.get("maxnreg", 64), nw,
-                                                                  smem)
-                wave = max(1, int(wave * pipeline_wave))
-                if grid[0] > wave:
-                    grid, pipe = (wave,), pipeline
-            _grouped_topk_regs_kernel[grid](*args, P=lanes, SP=sp, LPG=lpg, SHORT_CHAIN=short_chain, PIPE=pipe,
-                                            **cap, **extra, **common)
+            _grouped_topk_regs_kernel[grid](*args, P=lanes, SP=sp, LPG=lpg, SHORT_CHAIN=short_chain, **cap, **extra,
+                                            **common)
     else:
         _grouped_topk_kernel[grid](
             *args,
