@@ -16,6 +16,9 @@ Variants, all with the ``default_config`` kernel the plugin launches:
   nopad_loads  the same, logits loaded without waiting for the flag (``skip_padded_loads=False``)
   pad25        25 % of rows padded (padded rows skip their logits above 1024 tokens)
   pad25_loads  25 % padded, padded rows still load their logits (``skip_padded_loads=False``)
+  *_late       nopad / nopad_loads with ``early_flag=False``: the flag's load where ptxas puts it,
+               after the routing, instead of with the logits' (served for routers that drop
+               groups: ``early_flag_served``; it acts where padded rows load their logits)
 
 Each variant's output is checked first (the torch reference's expert set per row, padded rows
 exactly (-1, 0)); the script exits 1 on a mismatch.
@@ -39,6 +42,7 @@ TOKENS = (16, 64, 256, 1024, 4096, 32768)
 CALLS = {"none": {}, "again": {}, "nopad": {"padding": "none"},
          "nopad_loads": {"padding": "none", "skip_padded_loads": False}, "pad25": {"padding": "pad25"},
          "pad25_loads": {"padding": "pad25", "skip_padded_loads": False}}
+CALLS.update({f"{n}_late": dict(CALLS[n], early_flag=False) for n in ("nopad", "nopad_loads")})
 VARIANTS = tuple(CALLS)
 
 
@@ -58,7 +62,8 @@ def print_table(doc: dict) -> None:
 
 
 def plot(doc: dict, path: str) -> None:
-    plot_pct(doc, path, (("again", "gray"), ("nopad", "C0"), ("nopad_loads", "C2"), ("pad25", "C1")),
+    plot_pct(doc, path, (("again", "gray"), ("nopad", "C0"), ("nopad_loads", "C2"), ("pad25", "C1"),
+                         ("nopad_late", "C3")),
              ylabel="time vs unmasked kernel, %", title="mask cost", band=(-1, 1, "±1 % (goal)"))
 
 

@@ -80,6 +80,10 @@ def sass_stats(kernels=None, routers=None):
                 variants["regs+mask" + at] = (m._grouped_topk_regs_kernel, masked)
                 # "regs+mask" is the long chain; "+short" is served where short_chain_served says so;
                 variants["regs+mask+short" + at] = (m._grouped_topk_regs_kernel, dict(masked, SHORT_CHAIN=True))
+                # padded rows load their logits (served up to 1024 tokens), the flag's load sunk or early
+                for e in ("", "+early"):
+                    variants["regs+mask+short+loads" + e + at] = (m._grouped_topk_regs_kernel, dict(
+                        masked, SHORT_CHAIN=True, SKIP_PADDED_LOADS=False, EARLY_FLAG=bool(e)))
             for name, (fn, ce) in variants.items():
                 if kernels is not None and name not in kernels:
                     continue
@@ -108,9 +112,18 @@ def sass_stats(kernels=None, routers=None):
                 regs = re.search(r"REG:(\d+)", res)
                 stack = re.search(r"STACK:(\d+)", res)
                 yield {"name": name, "router": router, "dtype": dt, "instructions": len(pcs),
+                       "flag_load": first_at(sass, "LDG.E.U8"), "first_sigmoid": first_at(sass, "MUFU.EX2"),
                        "common_path": common_path(sass) if name.startswith("regs") else None,
                        "registers": int(regs.group(1)) if regs else None, "stack": int(stack.group(1)) if stack else None,
                        "loops": [(b - a) // 16 + 1 for a, b in loops], "options": opts}
+
+
+def first_at(sass: str, op: str) -> int | None:
+    """Index of the first SASS instruction containing ``op`` (None: none does)."""
+    import re
+
+    body = re.findall(r"^\s+/\*[0-9a-f]{4}\*/\s+(.*?)\s*;", sass, re.MULTILINE)
+    return next((i for i, t in enumerate(body) if op in t), None)
 
 
 def common_path(sass: str) -> int | None:

@@ -56,8 +56,8 @@ def test_interleaved_checks_rotates_and_compares(fake_graphs, router):
     assert all(len(set(rd)) == n for rd in rounds)  # each variant once a round
     assert rounds[1] == rounds[0][1:] + rounds[0][:1]  # in an order rotated by one
     us = r["us_rounds"]
-    want = statistics.median(100 * (a / b - 1) for a, b in zip(us["both"], us["served"]))
-    assert r["both_pct"]["median"] == pytest.approx(want)
+    want = statistics.median(100 * (a / b - 1) for a, b in zip(us["short_chain"], us["served"]))
+    assert r["short_chain_pct"]["median"] == pytest.approx(want)
     assert "served_pct" not in r and r["bytes"] == 40 * gpu_masking.ROUTERS[router]["num_experts"] * 4 + 40 * 8 * 8
 
 

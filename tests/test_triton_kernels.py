@@ -222,13 +222,47 @@ def test_short_chain_served_where_it_won_on_the_h200():
         False, False, False, True, True, True]
 
 
+def test_early_flag_served_where_it_won():
+    """The padding flag's load is issued early (where padded rows load their logits) for routers
+    that drop groups only: results/mask_cost_h100_early_flag.* (Kimi-style lost at 16 / 64 tokens)."""
+    from vllm_padplugin.kernels.triton_grouped_topk import early_flag_served
+
+    assert early_flag_served(True) and not early_flag_served(False)
+
+
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed: no compiler")
 def test_regs_fits_its_register_cap_without_spills():
     """fused_grouped_topk launches "regs" with maxnreg=64 for lanes of <= 32 logits (DeepSeek-V3),
     so that the mask does not cost blocks per SM (issue 11, H200 ncu).  Compiled here for sm_90
     with the installed Triton's ptxas (no GPU): with and without the mask, 8 / 16 / 32 lanes, and
-    the short_chain variant, fp32 and bf16, the kernel must fit the cap with no spill, or the cap
-    costs local-memory traffic."""
+    the short_chain variant (and its early_flag build), fp32 and bf16, the kernel must fit the cap
+    with no spill, or the cap costs local-memory traffic."""
+    names = {"regs"} | {f"regs+mask{v}{at}" for v in ("", "+short", "+short+loads+early")
+                        for at in ("", "@16", "@32")}  # 8 lanes (served above 4096 tokens), 16, 32
+    stats = list(_sass_stats(names))
+    assert len(stats) == 2 * len(names)  # fp32, bf16
+    for r in stats:
+        assert r["options"].get("maxnreg") == 64, r
+        assert r["registers"] <= 64 and r["stack"] == 0, r
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed: no compiler")
+def test_regs_early_flag_issues_the_flag_load_before_the_routing():
+    """``early_flag`` exists because ptxas sinks the padding flag's load to its first use, after the
+    routing, where padded rows load their logits (SASS for sm_90 compiled here, no GPU): the
+    early builds must issue it before the first sigmoid, at 8 / 16 / 32 lanes, fp32 and bf16.
+    The test also records that the plain builds sink it (if ptxas stops doing so, the switch
+    has no reason left)."""
+    names = {f"regs+mask+short+loads{e}{at}" for e in ("", "+early") for at in ("", "@16", "@32")}
+    stats = list(_sass_stats(names))
+    assert len(stats) == 2 * len(names)
+    for r in stats:
+        early = "+early" in r["name"]
+        assert (r["flag_load"] < r["first_sigmoid"]) == early, r
+
+
+def _sass_stats(names):
+    """``profile_grouped_topk.sass_stats`` for DeepSeek-V3's builds ``names`` (skips without ptxas)."""
     import triton
 
     if not os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")):
@@ -238,24 +272,21 @@ def test_regs_fits_its_register_cap_without_spills():
         import profile_grouped_topk
     finally:
         sys.path.pop(0)
-    names = {"regs"} | {f"regs+mask{v}{at}" for v in ("", "+short")
-                        for at in ("", "@16", "@32")}  # 8 lanes (served above 4096 tokens), 16, 32
-    stats = list(profile_grouped_topk.sass_stats(kernels=names, routers={"deepseek-v3"}))
-    assert len(stats) == 2 * len(names)  # fp32, bf16
-    for r in stats:
-        assert r["options"].get("maxnreg") == 64, r
-        assert r["registers"] <= 64 and r["stack"] == 0, r
+    return profile_grouped_topk.sass_stats(kernels=names, routers={"deepseek-v3"})
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed: no interpreter to run the kernel source")
-@pytest.mark.parametrize("kernel,short_chain", [("rows", False), ("parts", False), ("regs", False), ("regs", True)])
-def test_rows_and_parts_kernels_under_triton_interpreter(kernel, short_chain):
+@pytest.mark.parametrize("kernel,short_chain,early_flag", [("rows", False, False), ("parts", False, False),
+                                                          ("regs", False, False), ("regs", True, False),
+                                                          ("regs", True, True)])
+def test_rows_and_parts_kernels_under_triton_interpreter(kernel, short_chain, early_flag):
     """The one-thread-per-token ("rows") and lanes-per-token ("parts", "regs") kernels' source, run by
     the interpreter: both routers, fp32 / bf16, bias or not, mask, sort-merge and insertion,
     renormalised or not, integer logits (ties everywhere: lowest id wins); "regs" also as its
     ``short_chain`` variant (groups ranked by counting, taken experts by a population count, the
-    tie path on the integer logits)."""
-    extra = f", short_chain={short_chain}" if kernel == "regs" else ""  # False: the long chain, not the default
+    tie path on the integer logits), and with ``early_flag`` (a padded row's first chunk zeroed)."""
+    # short_chain=False: the long chain, not the default; early_flag: 37 tokens load padded rows' logits
+    extra = f", short_chain={short_chain}, early_flag={early_flag}" if kernel == "regs" else ""
     _run_interpreted(
         f"""
         import torch
@@ -437,12 +468,14 @@ def test_gpu_regs_wide_lanes_matches_reference(E, G, TG, K, scale, T, dtype, lan
 @pytest.mark.parametrize("E,G,TG,K,scale", ROUTERS)
 @pytest.mark.parametrize("T", [16, 256, 1024, 4096, 16384, 32768])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("short_chain", [False, True])
-def test_gpu_regs_variants_match_reference(E, G, TG, K, scale, T, dtype, short_chain):
-    """The "regs" variants benchmarks/kernel_ab.py times against the served build (the long and
-    the short chain, each forced), at the sizes it times, with a bias and a mask; integer logits
-    (ties everywhere) too."""
-    _regs_matches_reference(E, G, TG, K, scale, T, dtype, T + E + 3, short_chain=short_chain)
+@pytest.mark.parametrize("variant", [{"short_chain": False}, {"short_chain": True},
+                                     {"early_flag": True, "skip_padded_loads": False}],
+                         ids=["long_chain", "short_chain", "early_flag"])
+def test_gpu_regs_variants_match_reference(E, G, TG, K, scale, T, dtype, variant):
+    """The "regs" variants benchmarks/kernel_ab.py and mask_cost.py time against the served build
+    (the long and the short chain, each forced; the flag loaded early), at the sizes they time,
+    with a bias and a mask; integer logits (ties everywhere) too."""
+    _regs_matches_reference(E, G, TG, K, scale, T, dtype, T + E + 3, **variant)
 
 
 def _regs_matches_reference(E, G, TG, K, scale, T, dtype, seed, **launch):

@@ -867,6 +867,7 @@ if HAS_TRITON:
         SP: tl.constexpr,
         LPG: tl.constexpr,
         SHORT_CHAIN: tl.constexpr = False,
+        EARLY_FLAG: tl.constexpr = False,
     ):
         """P lanes per token, lane p holding experts [p SP, (p + 1) SP) (its group when groups
         are dropped: P = G) in registers for the whole kernel: every logit is read and put
@@ -918,6 +919,11 @@ if HAS_TRITON:
         xs = ()  # every load first: NCH 16-byte loads in flight per lane
         for ci in tl.static_range(NCH):
             xs = xs + (tl.load(rowp + ci * VEC, mask=lm, other=0.0),)
+        if HAS_PAD and not SKIP_PADDED_LOADS and EARLY_FLAG:
+            # the flag's first use beside the first logits' (a padded row's chunk zeroed: its
+            # output is (-1, 0) anyway): else ptxas sinks the flag's load to its first use after
+            # the routing, and its latency adds to the block's
+            xs = (tl.where(pad[:, :, None], tl.zeros_like(xs[0]), xs[0]),) + xs[1:]
         cv = ()  # the lane's SP choices, ascending expert id
         for ci in tl.static_range(NCH):
             xv = _sigmoid_rows(xs[ci].to(tl.float32), FAST_SIGMOID)
@@ -1066,6 +1072,15 @@ def short_chain_served(num_tokens: int, drops_groups: bool, dtype: torch.dtype) 
     return num_tokens == 4096 or (num_tokens > 4096 and dtype != torch.float32)
 
 
+def early_flag_served(drops_groups: bool) -> bool:
+    """Whether "regs" issues the padding flag's load with the logits' (``EARLY_FLAG``; it acts
+    where padded rows load their logits, by default up to 1024 tokens): where it won on the H100
+    (benchmarks/mask_cost.py, results/mask_cost_h100_early_flag.*: the mask with nothing padded
+    from +1.3-6.0 % to -0.0-+2.8 % at <= 1024 tokens).  Routers that drop groups (DeepSeek-V3):
+    yes.  Routers that keep every group (Kimi-style): no (+1.1 to +1.9 points at 16 / 64 tokens)."""
+    return drops_groups
+
+
 def default_config(num_tokens: int, num_experts: int, dtype: torch.dtype | None = None, *,
                    num_expert_group: int = 1, topk_group: int = 1, topk: int = 8) -> tuple[str, int, int]:
     """(kernel, BLOCK_M, num_warps) for a batch: the entry for the largest key <= T of
@@ -1121,6 +1136,7 @@ def fused_grouped_topk(
     kernel: str | None = None,
     merge: bool | None = None,
     short_chain: bool | None = None,
+    early_flag: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sigmoid grouped top-k + mask in one launch; returns ``(weights f32, ids i32)``.
 
@@ -1140,6 +1156,9 @@ def fused_grouped_topk(
     wherever a row has exactly ``topk`` of them (a population count), counting ties only in a
     block where some row has more (fewer instructions and a shorter dependent chain, the same
     results); default (None): where it won on the H200, ``short_chain_served``.
+    ``early_flag`` ("regs", where padded rows load their logits): the padding flag's first use
+    beside the first logits', so that its load is issued with theirs (ptxas otherwise sinks it to
+    its first use after the routing); default (None): where it won, ``early_flag_served``.
     """
     tensors = [gating_output] + ([is_padding] if is_padding is not None else [])
     num_tokens, num_experts = gating_output.shape
@@ -1245,8 +1264,10 @@ def fused_grouped_topk(
                 cap = _regs_cap(sp)
             if short_chain is None:
                 short_chain = short_chain_served(num_tokens, num_expert_group > topk_group, gating_output.dtype)
-            _grouped_topk_regs_kernel[grid](*args, P=lanes, SP=sp, LPG=lpg, SHORT_CHAIN=short_chain, **cap, **extra,
-                                            **common)
+            if early_flag is None:
+                early_flag = early_flag_served(num_expert_group > topk_group)
+            _grouped_topk_regs_kernel[grid](*args, P=lanes, SP=sp, LPG=lpg, SHORT_CHAIN=short_chain,
+                                            EARLY_FLAG=bool(early_flag), **cap, **extra, **common)
     else:
         _grouped_topk_kernel[grid](
             *args,
