@@ -261,6 +261,32 @@ def test_regs_early_flag_issues_the_flag_load_before_the_routing():
         assert (r["flag_load"] < r["first_sigmoid"]) == early, r
 
 
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed: no interpreter to run the kernel source")
+def test_regs_early_flag_leaves_other_rows_bit_identical_under_triton_interpreter():
+    """``early_flag`` zeroes a padded row's first chunk of logits inside the kernel: rows that are
+    not padding must come out bit for bit as without it, padded rows (-1, 0) either way (both
+    routers, fp32 / bf16, 8 / 16 / 32 lanes, padded rows loading their logits)."""
+    _run_interpreted(
+        """
+        import torch
+        from vllm_padplugin.kernels.triton_grouped_topk import fused_grouped_topk
+        torch.manual_seed(3)
+        for E, G, TG, s, lanes in [(256, 8, 4, 2.5, 8), (256, 8, 4, 2.5, 16), (256, 8, 4, 2.5, 32), (384, 1, 1, 2.827, 16)]:
+            for dt in (torch.float32, torch.bfloat16):
+                x = torch.randn(29, E).to(dt)
+                b = torch.randn(E) * 0.05
+                m = torch.rand(29) < 0.4
+                kw = dict(topk=8, num_expert_group=G, topk_group=TG, routed_scaling_factor=s, is_padding=m,
+                          kernel="regs", block_m=32 // lanes, num_warps=1, skip_padded_loads=False)
+                w0, i0 = fused_grouped_topk(x, b, early_flag=False, **kw)
+                w1, i1 = fused_grouped_topk(x, b, early_flag=True, **kw)
+                assert torch.equal(i0, i1) and torch.equal(w0.view(torch.int32), w1.view(torch.int32)), (E, lanes, dt)
+                assert (i1[m] == -1).all() and (w1[m] == 0).all() and (i1[~m] >= 0).all()
+        print("ok")
+        """
+    )
+
+
 def _sass_stats(names):
     """``profile_grouped_topk.sass_stats`` for DeepSeek-V3's builds ``names`` (skips without ptxas)."""
     import triton
