@@ -106,34 +106,37 @@ def sass_stats(kernels=None, routers=None):
                     f.flush()
                     sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True).stdout
                     res = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True, text=True).stdout
-                pcs = [int(x, 16) for x in re.findall(r"^\s+/\*([0-9a-f]{4})\*/", sass, re.M)]
+                ins = sass_instructions(sass)
                 loops = [(int(t, 16), int(pc, 16)) for pc, t in re.findall(r"/\*([0-9a-f]{4})\*/\s+@!?P\d BRA 0x([0-9a-f]+)", sass)
                          if int(t, 16) < int(pc, 16)]
                 regs = re.search(r"REG:(\d+)", res)
                 stack = re.search(r"STACK:(\d+)", res)
-                yield {"name": name, "router": router, "dtype": dt, "instructions": len(pcs),
-                       "flag_load": first_at(sass, "LDG.E.U8"), "first_sigmoid": first_at(sass, "MUFU.EX2"),
-                       "common_path": common_path(sass) if name.startswith("regs") else None,
+                yield {"name": name, "router": router, "dtype": dt, "instructions": len(ins),
+                       "flag_load": first_at(ins, "LDG.E.U8"), "first_sigmoid": first_at(ins, "MUFU.EX2"),
+                       "common_path": common_path(ins) if name.startswith("regs") else None,
                        "registers": int(regs.group(1)) if regs else None, "stack": int(stack.group(1)) if stack else None,
                        "loops": [(b - a) // 16 + 1 for a, b in loops], "options": opts}
 
 
-def first_at(sass: str, op: str) -> int | None:
-    """Index of the first SASS instruction containing ``op`` (None: none does)."""
+def sass_instructions(sass: str) -> list[tuple[str, str]]:
+    """cuobjdump's SASS listing -> (address in hex, instruction text) per instruction, in order."""
     import re
 
-    body = re.findall(r"^\s+/\*[0-9a-f]{4}\*/\s+(.*?)\s*;", sass, re.MULTILINE)
-    return next((i for i, t in enumerate(body) if op in t), None)
+    return re.findall(r"^\s+/\*([0-9a-f]{4})\*/\s+(.*?)\s*;", sass, re.MULTILINE)
 
 
-def common_path(sass: str) -> int | None:
+def first_at(ins: list[tuple[str, str]], op: str) -> int | None:
+    """Index of the first of ``sass_instructions`` containing ``op`` (None: none does)."""
+    return next((i for i, (_, t) in enumerate(ins) if op in t), None)
+
+
+def common_path(ins: list[tuple[str, str]]) -> int | None:
     """Instructions a "regs" thread executes when no row of its block has a tie at its threshold:
     those up to the last exit less the tie path, i.e. the longer of the two regions the branch
     after the block-wide tie test (``REDUX``) chooses between (straight-line code: a loop body,
     Kimi-style's pop loop, counts once).  None where the SASS has no such branch."""
     import re
 
-    ins = re.findall(r"^\s+/\*([0-9a-f]{4})\*/\s+(.*?)\s*;", sass, re.M)
     idx = lambda a: int(a, 16) // 16  # noqa: E731 - SASS instructions are 16 bytes apart
     r = next((i for i, (_, t) in enumerate(ins) if t.startswith("REDUX")), None)
     b = next((i for i in range(r, len(ins)) if " BRA " in f" {ins[i][1]} "), None) if r is not None else None
