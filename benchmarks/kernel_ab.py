@@ -10,7 +10,7 @@ vLLM serving passes it.  limit = bytes the kernel must move / the device-to-devi
 measured at the start of the same run.
 
 Variants (``fused_grouped_topk`` keyword arguments; "served" leaves ``short_chain`` to
-``short_chain_served``, which picked it where it won here on the H200, 2026-12-06):
+``short_chain_served``, which picked it where it won here):
   long_chain   short_chain=False: the groups ranked by ``topk_group`` rounds of two dependent
                butterfly reductions; each lane counts its list's values above and at thr, two
                scans and a tie test (the build served before 2026-12-06)
@@ -19,11 +19,16 @@ Variants (``fused_grouped_topk`` keyword arguments; "served" leaves ``short_chai
                a population count; ties counted only in a block where some row has more. Same
                results, 12-18 % fewer instructions on the common path (SASS)
 
+``--candidate NAME:KEY=VALUE,...`` replaces those two with other keyword arguments, e.g. a
+variant that exists only in a patched tree (``git apply benchmarks/results/top4_lists.patch``)
+timed against that tree's served build: ``--candidate top4:short_chain=True,top4=True``.
+
     python benchmarks/kernel_ab.py --json kernel_ab.json --plot kernel_ab.png
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import sys
 from pathlib import Path
 
@@ -37,9 +42,27 @@ TOKENS = (16, 256, 1024, 4096, 16384, 32768)
 CANDIDATES = {"long_chain": {"short_chain": False}, "short_chain": {"short_chain": True}}
 
 
-def variants(padding: str | None) -> dict[str, dict]:
-    """``interleaved``'s variants: served, again, then the candidates, all with ``padding``."""
-    calls = {"served": {}, "again": {}, **CANDIDATES}
+def parse_candidate(text: str) -> tuple[str, dict]:
+    """``"top4:short_chain=True,top4=True"`` -> ``("top4", {"short_chain": True, "top4": True})``."""
+    name, sep, kws = text.partition(":")
+    if not name.isidentifier() or name in ("served", "again") or not sep:
+        raise argparse.ArgumentTypeError(f"{text!r}: want NAME:KEY=VALUE,... (NAME not served/again)")
+    kw = {}
+    for item in filter(None, kws.split(",")):
+        key, eq, value = item.partition("=")
+        try:
+            kw[key.strip()] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            raise argparse.ArgumentTypeError(f"{item!r}: want KEY=<Python literal>") from None
+        if not (eq and key.strip().isidentifier()):
+            raise argparse.ArgumentTypeError(f"{item!r}: want KEY=<Python literal>")
+    return name, kw
+
+
+def variants(padding: str | None, candidates: dict[str, dict] | None = None) -> dict[str, dict]:
+    """``interleaved``'s variants: served, again, then the candidates (default ``CANDIDATES``),
+    all with ``padding``."""
+    calls = {"served": {}, "again": {}, **(CANDIDATES if candidates is None else candidates)}
     return {name: dict(kw, padding=padding) for name, kw in calls.items()}
 
 
@@ -71,9 +94,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--padding", choices=("none", "pad25", "off"), default="none",
                     help="the mask every variant gets: no row padded (serving, default), a quarter padded, or no mask")
+    ap.add_argument("--candidate", type=parse_candidate, action="append", metavar="NAME:KEY=VALUE,...",
+                    help="time this variant instead of the default candidates (repeatable)")
     args = interleaved_args(ap, TOKENS, 21)
     padding = None if args.padding == "off" else args.padding
-    calls = variants(padding)
+    calls = variants(padding, dict(args.candidate) if args.candidate else None)
     run = interleaved_doc("kernel_ab", args, padding=args.padding, variants=list(calls))
     if run is None:
         return 2

@@ -61,6 +61,15 @@ def test_interleaved_checks_rotates_and_compares(fake_graphs, router):
     assert "served_pct" not in r and r["bytes"] == 40 * gpu_masking.ROUTERS[router]["num_experts"] * 4 + 40 * 8 * 8
 
 
+def test_candidate_argument_parses_literals_and_rejects_the_rest():
+    assert kernel_ab.parse_candidate("top4:short_chain=True,top4=1") == ("top4", {"short_chain": True, "top4": 1})
+    calls = kernel_ab.variants("none", dict([kernel_ab.parse_candidate("x:block_m=2")]))
+    assert list(calls) == ["served", "again", "x"] and calls["x"] == {"block_m": 2, "padding": "none"}
+    for bad in ("top4", "served:a=1", "x:a", "x:a=b c", "x:1=2"):
+        with pytest.raises(kernel_ab.argparse.ArgumentTypeError):
+            kernel_ab.parse_candidate(bad)
+
+
 def test_tables_plots_and_json(fake_graphs, tmp_path, capsys):
     pytest.importorskip("matplotlib")
     gen = torch.Generator().manual_seed(1)
