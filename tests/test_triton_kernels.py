@@ -141,10 +141,11 @@ def test_fused_fallback_equals_reference_on_cpu():
 
 
 def test_default_config_picks_regs_where_it_was_timed():
-    """The serving path's kernel choice (H200 sweeps): "regs" at every size where it applies, with
-    32 lanes per token (BLOCK_M 1) below 1024 tokens and 16 (BLOCK_M 2) below 4096 for routers that
-    drop groups (DeepSeek-V3), 16 lanes up to 4096 tokens for Kimi-style, else 8 (BLOCK_M 4);
-    "parts"/"tile" where regs does not apply (topk != 8, a lane over 64 experts)."""
+    """The serving path's kernel choice (H200 sweeps, H100 kernel_ab_h100_lanes16): "regs" at every
+    size where it applies, with 32 lanes per token (BLOCK_M 1) below 1024 tokens and 16 (BLOCK_M 2)
+    above for routers that drop groups (DeepSeek-V3), except 8 (BLOCK_M 4) for 16-bit logits from
+    4096 tokens; 16 lanes at every size for Kimi-style; "parts"/"tile" where regs does not apply
+    (topk != 8, a lane over 64 experts)."""
     from vllm_padplugin.kernels.triton_grouped_topk import default_config
 
     ds = dict(num_expert_group=8, topk_group=4, topk=8)
@@ -152,9 +153,10 @@ def test_default_config_picks_regs_where_it_was_timed():
     for dt in (torch.float32, torch.bfloat16):
         assert default_config(16, 256, dt, **ds) == default_config(1023, 256, dt, **ds) == ("regs", 1, 1)
         assert default_config(1024, 256, dt, **ds) == default_config(4095, 256, dt, **ds) == ("regs", 2, 1)
+        assert default_config(16, 384, dt, **kimi) == default_config(32768, 384, dt, **kimi) == ("regs", 2, 1)
+    assert default_config(4096, 256, torch.float32, **ds) == default_config(32768, 256, None, **ds) == ("regs", 2, 1)
+    for dt in (torch.bfloat16, torch.float16):
         assert default_config(4096, 256, dt, **ds) == default_config(32768, 256, dt, **ds) == ("regs", 4, 1)
-        assert default_config(16, 384, dt, **kimi) == default_config(4096, 384, dt, **kimi) == ("regs", 2, 1)
-        assert default_config(4097, 384, dt, **kimi) == default_config(32768, 384, dt, **kimi) == ("regs", 4, 1)
     assert default_config(32768, 256, torch.float32, num_expert_group=8, topk_group=4, topk=6)[0] == "parts"
     assert default_config(32768, 1024, torch.float32)[0] == "parts"  # 128 experts per lane
     assert default_config(16, 384, torch.float32, topk=6)[0] == "tile"
@@ -207,19 +209,16 @@ def test_kernel_source_under_triton_interpreter():
 
 
 
-def test_short_chain_served_where_it_won_on_the_h200():
-    """The served "regs" build follows results/kernel_ab_h200.*: short_chain for routers that drop
-    groups at every size; for routers that keep every group only at 4096 tokens and bf16 above
-    (it lost 1-2 % at <= 1024 tokens and was even for fp32 above 4096)."""
+def test_short_chain_served_where_it_won():
+    """The served "regs" build follows results/kernel_ab_h200.* and kernel_ab_h100_*: short_chain for
+    routers that drop groups at every size; for routers that keep every group above 1024 tokens
+    (it lost 1-2 % at <= 1024 tokens)."""
     from vllm_padplugin.kernels.triton_grouped_topk import short_chain_served
 
     for T in (1, 16, 256, 1024, 4096, 32768):
-        for dt in (torch.float32, torch.bfloat16):
-            assert short_chain_served(T, True, dt)
-    assert [short_chain_served(T, False, torch.float32) for T in (16, 1024, 2048, 4096, 16384, 32768)] == [
-        False, False, False, True, False, False]
-    assert [short_chain_served(T, False, torch.bfloat16) for T in (16, 1024, 2048, 4096, 16384, 32768)] == [
-        False, False, False, True, True, True]
+        assert short_chain_served(T, True)
+    assert [short_chain_served(T, False) for T in (16, 1024, 1025, 4096, 4097, 32768)] == [
+        False, False, True, True, True, True]
 
 
 def test_early_flag_served_where_it_won():

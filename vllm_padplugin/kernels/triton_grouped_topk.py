@@ -22,9 +22,11 @@ benchmarks/RESULTS.md):
   experts as a bit mask, then lane s writes output slot s (or, 48 logits a lane, each lane its
   own, popping the mask).  ``topk`` = 8 only.
   ~275 warp instructions per token for DeepSeek-V3 fp32 against ``parts``' ~350 (SASS).
-  Below 4096 tokens with 16 or 32 lanes per token (a group then spans neighbouring lanes, its
-  rank a top-2 reduction over them): fewer logits per thread, so a shorter chain per token,
-  which is what a latency-bound small batch waits on (H200: <= 2.7 us at <= 256 tokens).
+  With 16 or 32 lanes per token (a group then spans neighbouring lanes, its rank a top-2
+  reduction over them) a thread holds fewer logits, so a token's chain is shorter: 32 lanes
+  serve small DeepSeek-V3 batches (latency-bound; H200: <= 2.7 us at <= 256 tokens), 16 lanes
+  Kimi-style at every size and fp32 DeepSeek-V3 from 1024 tokens on (H100: 3-10 % faster than 8
+  lanes at >= 4096 tokens); 8 lanes stay for 16-bit DeepSeek-V3 logits from 4096 tokens on.
 * ``rows``: the same with one thread per token (fewest instructions, but too few threads
   to hide latency: slower than ``parts`` everywhere measured; kept selectable).
 
@@ -1057,19 +1059,23 @@ _CONFIGS: dict[int, tuple[str, int, int]] = {0: ("tile", 1, 1), 4096: ("parts", 
 # "regs" with more lanes per token below 4096 tokens (H200, results/gpu_masking_h200_lanes.*): BLOCK_M 1
 # = 32 lanes (DeepSeek-V3: 2.61-2.77 us at <= 256 tokens against tile's 3.13-3.37), 2 = 16 lanes
 # (DeepSeek-V3 at 1024; Kimi-style up to 4096: 2.48-2.77 us at <= 256 against 8 lanes' 3.01-3.22).
-_CONFIGS_REGS: dict[int, tuple[str, int, int]] = {0: ("regs", 1, 1), 1024: ("regs", 2, 1), 4096: ("regs", 4, 1)}
-_CONFIGS_REGS_NO_DROP: dict[int, tuple[str, int, int]] = {0: ("regs", 2, 1), 4097: ("regs", 4, 1)}
+# From 4096 tokens 16 lanes also won over 8 for fp32 logits (DeepSeek-V3 -2.7 / -6.7 / -10.1 % at
+# 4096 / 16384 / 32768) and for Kimi-style at both dtypes (fp32 -19.1 / -14.1 %, bf16 -11.5 / -5.4 %
+# at 16384 / 32768), not for DeepSeek-V3 bf16 (+6 to +24 %): H100, results/kernel_ab_h100_lanes16.*.
+_CONFIGS_REGS: dict[int, tuple[str, int, int]] = {0: ("regs", 1, 1), 1024: ("regs", 2, 1)}
+_CONFIGS_REGS_BF16: dict[int, tuple[str, int, int]] = {0: ("regs", 1, 1), 1024: ("regs", 2, 1), 4096: ("regs", 4, 1)}
+_CONFIGS_REGS_NO_DROP: dict[int, tuple[str, int, int]] = {0: ("regs", 2, 1)}
 
 
-def short_chain_served(num_tokens: int, drops_groups: bool, dtype: torch.dtype) -> bool:
-    """Whether the served "regs" build is ``short_chain``: where it beat the long chain on the
-    H200 (benchmarks/kernel_ab.py, results/kernel_ab_h200.*: median < -1 %, 90th percentile < 0,
-    A/A within 1 %).  Routers that drop groups (DeepSeek-V3): every size (-5 to -16 %).  Routers
-    that keep every group (Kimi-style): 4096 tokens (-8 / -9 %) and bf16 above (-3 / -7 %); at
-    <= 1024 tokens it lost 1-2 %, fp32 above 4096 was even (+-0.4 %), 1025-4095 not timed."""
-    if drops_groups:
-        return True
-    return num_tokens == 4096 or (num_tokens > 4096 and dtype != torch.float32)
+def short_chain_served(num_tokens: int, drops_groups: bool) -> bool:
+    """Whether the served "regs" build is ``short_chain``: where it beat the long chain
+    (benchmarks/kernel_ab.py: median < -1 %, 90th percentile < 0, A/A within 1 %).  Routers that
+    drop groups (DeepSeek-V3): every size (H200, results/kernel_ab_h200.*: -5 to -16 %).  Routers
+    that keep every group (Kimi-style, 16 lanes a token at every size): above 1024 tokens (H100,
+    results/kernel_ab_h100_kimi_mid.*, kernel_ab_h100_lanes16_served.*: -2 to -10 %); at <= 1024
+    tokens it lost 1-2 % (H200 and H100).  Both dtypes alike since 16 lanes serve Kimi-style
+    above 4096 tokens (with 8 lanes there, fp32 was even)."""
+    return drops_groups or num_tokens > 1024
 
 
 def early_flag_served(drops_groups: bool) -> bool:
@@ -1084,12 +1090,14 @@ def early_flag_served(drops_groups: bool) -> bool:
 def default_config(num_tokens: int, num_experts: int, dtype: torch.dtype | None = None, *,
                    num_expert_group: int = 1, topk_group: int = 1, topk: int = 8) -> tuple[str, int, int]:
     """(kernel, BLOCK_M, num_warps) for a batch: the entry for the largest key <= T of
-    ``_CONFIGS_REGS`` / ``_CONFIGS_REGS_NO_DROP`` (where "regs" applies: groups dropped / not)
-    or ``_CONFIGS``."""
+    ``_CONFIGS_REGS`` (``_BF16`` for 16-bit logits) / ``_CONFIGS_REGS_NO_DROP`` (where "regs"
+    applies: groups dropped / not) or ``_CONFIGS``."""
     vec = 16 // (dtype.itemsize if dtype is not None else 4)
     table = _CONFIGS
     if _regs_lanes(num_experts, num_expert_group, topk_group, topk, vec):
-        table = _CONFIGS_REGS if num_expert_group > topk_group else _CONFIGS_REGS_NO_DROP
+        table = _CONFIGS_REGS_NO_DROP
+        if num_expert_group > topk_group:
+            table = _CONFIGS_REGS_BF16 if vec == 8 else _CONFIGS_REGS
     key = max(k for k in table if k <= max(num_tokens, 0))
     return table[key]
 
@@ -1155,7 +1163,7 @@ def fused_grouped_topk(
     groups with one independent shuffle per other group, and takes each lane's values >= thr
     wherever a row has exactly ``topk`` of them (a population count), counting ties only in a
     block where some row has more (fewer instructions and a shorter dependent chain, the same
-    results); default (None): where it won on the H200, ``short_chain_served``.
+    results); default (None): where it won, ``short_chain_served``.
     ``early_flag`` ("regs", where padded rows load their logits): the padding flag's first use
     beside the first logits', so that its load is issued with theirs (ptxas otherwise sinks it to
     its first use after the routing); default (None): where it won, ``early_flag_served``.
@@ -1263,7 +1271,7 @@ def fused_grouped_topk(
             if not (_interpreting() or torch.version.hip):  # Triton's HIP backend has no maxnreg
                 cap = _regs_cap(sp)
             if short_chain is None:
-                short_chain = short_chain_served(num_tokens, num_expert_group > topk_group, gating_output.dtype)
+                short_chain = short_chain_served(num_tokens, num_expert_group > topk_group)
             if early_flag is None:
                 early_flag = early_flag_served(num_expert_group > topk_group)
             _grouped_topk_regs_kernel[grid](*args, P=lanes, SP=sp, LPG=lpg, SHORT_CHAIN=short_chain,
