@@ -20,8 +20,8 @@ Variants (``fused_grouped_topk`` keyword arguments; "served" leaves ``short_chai
                results, 12-18 % fewer instructions on the common path (SASS)
 
 ``--candidate NAME:KEY=VALUE,...`` replaces those two with other keyword arguments, e.g. a
-variant that exists only in a patched tree (``git apply benchmarks/results/top4_lists.patch``)
-timed against that tree's served build: ``--candidate top4:short_chain=True,top4=True``.
+variant that exists only in a patched tree (``benchmarks/results/pad_exit_word.patch``, on a
+checkout of 27ecdaf) timed against that tree's served build: ``--candidate pe:pad_exit=True``.
 
     python benchmarks/kernel_ab.py --json kernel_ab.json --plot kernel_ab.png
 """

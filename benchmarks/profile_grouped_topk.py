@@ -80,6 +80,9 @@ def sass_stats(kernels=None, routers=None):
                 variants["regs+mask" + at] = (m._grouped_topk_regs_kernel, masked)
                 # "regs+mask" is the long chain; "+short" is served where short_chain_served says so;
                 variants["regs+mask+short" + at] = (m._grouped_topk_regs_kernel, dict(masked, SHORT_CHAIN=True))
+                # lanes keep their 4 best (served from 16384 tokens where top4_served says so)
+                variants["regs+mask+short+top4" + at] = (m._grouped_topk_regs_kernel,
+                                                         dict(masked, SHORT_CHAIN=True, TOP4=True))
                 # padded rows load their logits (served up to 1024 tokens), the flag's load sunk or early
                 for e in ("", "+early"):
                     variants["regs+mask+short+loads" + e + at] = (m._grouped_topk_regs_kernel, dict(

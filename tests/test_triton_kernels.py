@@ -221,6 +221,16 @@ def test_short_chain_served_where_it_won():
         False, False, True, True, True, True]
 
 
+def test_top4_served_where_it_won():
+    """Lanes keep their 4 best from 16384 tokens for fp32 DeepSeek-V3 and 16-bit Kimi-style only
+    (results/kernel_ab_h200_top4*: elsewhere it was even or lost)."""
+    from vllm_padplugin.kernels.triton_grouped_topk import top4_served
+
+    assert [top4_served(T, True, 4) for T in (16, 8192, 16383, 16384, 65536)] == [False] * 3 + [True] * 2
+    assert [top4_served(T, False, 2) for T in (16, 8192, 16384, 32768)] == [False, False, True, True]
+    assert not any(top4_served(T, d, i) for T in (16384, 65536) for d, i in ((True, 2), (False, 4)))
+
+
 def test_early_flag_served_where_it_won():
     """The padding flag's load is issued early (where padded rows load their logits) for routers
     that drop groups only: results/mask_cost_h100_early_flag.* (Kimi-style lost at 16 / 64 tokens)."""
@@ -234,10 +244,12 @@ def test_regs_fits_its_register_cap_without_spills():
     """fused_grouped_topk launches "regs" with maxnreg=64 for lanes of <= 32 logits (DeepSeek-V3),
     so that the mask does not cost blocks per SM (issue 11, H200 ncu).  Compiled here for sm_90
     with the installed Triton's ptxas (no GPU): with and without the mask, 8 / 16 / 32 lanes, and
-    the short_chain variant (and its early_flag build), fp32 and bf16, the kernel must fit the cap
-    with no spill, or the cap costs local-memory traffic."""
+    the short_chain variant (and its early_flag build, and its top4 build at 16 / 32 lanes, where
+    it is served), fp32 and bf16, the kernel must fit the cap with no spill, or the cap costs
+    local-memory traffic.  (top4 at 8 lanes spills 8 B: one reason it is not served there.)"""
     names = {"regs"} | {f"regs+mask{v}{at}" for v in ("", "+short", "+short+loads+early")
                         for at in ("", "@16", "@32")}  # 8 lanes (served above 4096 tokens), 16, 32
+    names |= {"regs+mask+short+top4@16", "regs+mask+short+top4@32"}
     stats = list(_sass_stats(names))
     assert len(stats) == 2 * len(names)  # fp32, bf16
     for r in stats:
@@ -301,17 +313,18 @@ def _sass_stats(names):
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed: no interpreter to run the kernel source")
-@pytest.mark.parametrize("kernel,short_chain,early_flag", [("rows", False, False), ("parts", False, False),
-                                                          ("regs", False, False), ("regs", True, False),
-                                                          ("regs", True, True)])
-def test_rows_and_parts_kernels_under_triton_interpreter(kernel, short_chain, early_flag):
+@pytest.mark.parametrize("kernel,short_chain,early_flag,top4", [
+    ("rows", False, False, False), ("parts", False, False, False), ("regs", False, False, False),
+    ("regs", True, False, False), ("regs", True, True, False), ("regs", True, False, True)])
+def test_rows_and_parts_kernels_under_triton_interpreter(kernel, short_chain, early_flag, top4):
     """The one-thread-per-token ("rows") and lanes-per-token ("parts", "regs") kernels' source, run by
     the interpreter: both routers, fp32 / bf16, bias or not, mask, sort-merge and insertion,
     renormalised or not, integer logits (ties everywhere: lowest id wins); "regs" also as its
     ``short_chain`` variant (groups ranked by counting, taken experts by a population count, the
-    tie path on the integer logits), and with ``early_flag`` (a padded row's first chunk zeroed)."""
+    tie path on the integer logits), with ``early_flag`` (a padded row's first chunk zeroed), and
+    with ``top4`` (lanes keep their 4 best; rows whose 8 best share a lane take the fallback)."""
     # short_chain=False: the long chain, not the default; early_flag: 37 tokens load padded rows' logits
-    extra = f", short_chain={short_chain}, early_flag={early_flag}" if kernel == "regs" else ""
+    extra = f", short_chain={short_chain}, early_flag={early_flag}, top4={top4}" if kernel == "regs" else ""
     _run_interpreted(
         f"""
         import torch
@@ -330,6 +343,8 @@ def test_rows_and_parts_kernels_under_triton_interpreter(kernel, short_chain, ea
                                                   (torch.float32, True, True, None, True),
                                                   (torch.bfloat16, True, False, False, True)]:
                 x = (torch.randint(-2, 3, (37, E)).float() if ints else torch.randn(37, E)).to(dt)
+                if {top4}:  # rows 0-5: the 8 best in the first lane (more than 4 there: the fallback)
+                    x[:6, :8] += 6
                 b = (torch.full((E,), 0.25) if ints else torch.randn(E) * 0.05) if bias else None
                 m = torch.rand(40) < 0.3
                 kw = dict(topk=K, num_expert_group=G, topk_group=TG, routed_scaling_factor=s,
@@ -348,12 +363,13 @@ def test_rows_and_parts_kernels_under_triton_interpreter(kernel, short_chain, ea
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed: no interpreter to run the kernel source")
-@pytest.mark.parametrize("short_chain", [False, True])
-def test_regs_wide_lanes_under_triton_interpreter(short_chain):
+@pytest.mark.parametrize("short_chain,top4", [(False, False), (True, False), (True, True)])
+def test_regs_wide_lanes_under_triton_interpreter(short_chain, top4):
     """"regs" with more lanes per token than groups (BLOCK_M = 32 x warps / lanes: a group spans
     neighbouring lanes, its rank a top-2 reduction over them; the small-batch layout): the
     reference's sets, ascending ids, padded rows (-1, 0); lanes a router cannot take fall back to
-    its own default layout.  With ``short_chain`` too (the group's two best by a butterfly)."""
+    its own default layout.  With ``short_chain`` too (the group's two best by a butterfly), and
+    ``top4`` (rows 0-3: their 8 best in the first lane, the fallback)."""
     _run_interpreted(
         f"""
         import torch
@@ -370,11 +386,13 @@ def test_regs_wide_lanes_under_triton_interpreter(short_chain):
                                    (torch.float32, False, False), (torch.float32, True, True),
                                    (torch.bfloat16, True, False)]:
                 x = (torch.randint(-2, 3, (21, E)).float() if ints else torch.randn(21, E)).to(dt)
+                if {top4}:
+                    x[:4, :8] += 6
                 b = (torch.full((E,), 0.25) if ints else torch.randn(E) * 0.05) if bias else None
                 m = torch.rand(23) < 0.3
                 kw = dict(topk=K, num_expert_group=G, topk_group=TG, routed_scaling_factor=s, is_padding=m)
                 fw, fi = fused_grouped_topk(x, b, kernel="regs", block_m=32 // lanes, num_warps=1,
-                                            short_chain={short_chain}, **kw)
+                                            short_chain={short_chain}, top4={top4}, **kw)
                 rw, ri = grouped_topk_reference(x, b, **kw)
                 fs, fo = fi.long().sort(1); rs, ro = ri.long().sort(1)
                 assert torch.equal(fs, rs), (E, lanes, dt, ints, bias)
@@ -494,12 +512,14 @@ def test_gpu_regs_wide_lanes_matches_reference(E, G, TG, K, scale, T, dtype, lan
 @pytest.mark.parametrize("T", [16, 256, 1024, 4096, 16384, 32768])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("variant", [{"short_chain": False}, {"short_chain": True},
-                                     {"early_flag": True, "skip_padded_loads": False}],
-                         ids=["long_chain", "short_chain", "early_flag"])
+                                     {"early_flag": True, "skip_padded_loads": False},
+                                     {"short_chain": True, "top4": True}, {"short_chain": True, "top4": False}],
+                         ids=["long_chain", "short_chain", "early_flag", "top4", "top8"])
 def test_gpu_regs_variants_match_reference(E, G, TG, K, scale, T, dtype, variant):
     """The "regs" variants benchmarks/kernel_ab.py and mask_cost.py time against the served build
-    (the long and the short chain, each forced; the flag loaded early), at the sizes they time,
-    with a bias and a mask; integer logits (ties everywhere) too."""
+    (the long and the short chain, each forced; the flag loaded early; lanes keeping their 4 or 8
+    best, forced), at the sizes they time, with a bias and a mask; integer logits (ties everywhere,
+    so top4's fallback) too."""
     _regs_matches_reference(E, G, TG, K, scale, T, dtype, T + E + 3, **variant)
 
 

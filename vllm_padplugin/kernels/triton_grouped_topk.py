@@ -27,6 +27,8 @@ benchmarks/RESULTS.md):
   serve small DeepSeek-V3 batches (latency-bound; H200: <= 2.7 us at <= 256 tokens), 16 lanes
   Kimi-style at every size and fp32 DeepSeek-V3 from 1024 tokens on (H100: 3-10 % faster than 8
   lanes at >= 4096 tokens); 8 lanes stay for 16-bit DeepSeek-V3 logits from 4096 tokens on.
+  From 16384 tokens fp32 DeepSeek-V3 and 16-bit Kimi-style lanes sort only their 4 best
+  (``top4``; a row whose 8 best crowd into a lane takes a fallback): H200 -2 to -7 %.
 * ``rows``: the same with one thread per token (fewest instructions, but too few threads
   to hide latency: slower than ``parts`` everywhere measured; kept selectable).
 
@@ -460,12 +462,8 @@ if HAS_TRITON:
             return (e0, e1, e2, e3, e4, e5, e6, e7)
 
     @triton.jit
-    def _merge8(a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, b4, b5, b6, b7):
-        """Top 8 of two descending 8-lists, descending: pair a_i with b_(7-i) (a bitonic
-        sequence), then half-cleaners at distance 4, 2, 1.  Associative and commutative, so
-        ``tl.reduce`` can use it: a butterfly merge of the lanes' lists in 3 shuffle rounds."""
-        c = (tl.maximum(a0, b7), tl.maximum(a1, b6), tl.maximum(a2, b5), tl.maximum(a3, b4),
-             tl.maximum(a4, b3), tl.maximum(a5, b2), tl.maximum(a6, b1), tl.maximum(a7, b0))
+    def _bitonic_sort8(c):
+        """A bitonic sequence of 8, sorted descending: half-cleaners at distance 4, 2, 1."""
         for st in tl.static_range(3):
             nc = ()
             for i in tl.static_range(8):
@@ -474,6 +472,62 @@ if HAS_TRITON:
                 else:
                     nc = nc + (tl.minimum(c[i], c[i ^ (4 >> st)]),)
             c = nc
+        return c
+
+    @triton.jit
+    def _merge8(a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, b4, b5, b6, b7):
+        """Top 8 of two descending 8-lists, descending: pair a_i with b_(7-i) (a bitonic
+        sequence), then half-cleaners at distance 4, 2, 1.  Associative and commutative, so
+        ``tl.reduce`` can use it: a butterfly merge of the lanes' lists in 3 shuffle rounds."""
+        return _bitonic_sort8((tl.maximum(a0, b7), tl.maximum(a1, b6), tl.maximum(a2, b5), tl.maximum(a3, b4),
+                               tl.maximum(a4, b3), tl.maximum(a5, b2), tl.maximum(a6, b1), tl.maximum(a7, b0)))
+
+    @triton.jit
+    def _chunk_choices(xs, bp, BM: tl.constexpr, P: tl.constexpr, VEC: tl.constexpr, NCH: tl.constexpr,
+                       HAS_BIAS: tl.constexpr, FAST: tl.constexpr):
+        """A lane's choices (sigmoid + bias) from its NCH loaded chunks of logits ``xs``, as a
+        tuple of NCH x VEC [BM, P] columns in ascending expert id."""
+        cv = ()
+        for ci in tl.static_range(NCH):
+            xv = _sigmoid_rows(xs[ci].to(tl.float32), FAST)
+            if HAS_BIAS:
+                xv = xv + tl.load(bp + ci * VEC).to(tl.float32)
+            cv = cv + _split_lanes(xv, BM, P, VEC)
+        return cv
+
+    @triton.jit
+    def _lane_choices(rowp, bp, lm, BM: tl.constexpr, P: tl.constexpr, VEC: tl.constexpr, NCH: tl.constexpr,
+                      HAS_BIAS: tl.constexpr, FAST: tl.constexpr):
+        """``_chunk_choices`` of the lane's logits loaded again (from cache)."""
+        xs = ()
+        for ci in tl.static_range(NCH):
+            xs = xs + (tl.load(rowp + ci * VEC, mask=lm, other=0.0),)
+        return _chunk_choices(xs, bp, BM, P, VEC, NCH, HAS_BIAS, FAST)
+
+    @triton.jit
+    def _top_sorted(cv, SP: tl.constexpr, K: tl.constexpr):
+        """The K (4 or 8) best of a lane's SP choices ``cv``, descending: a sorting network on the
+        first K, then per K more a sort and a bitonic merge."""
+        L = _sort_desc(cv[0:K], K)
+        for c in tl.static_range(K, SP, K):
+            L = _keep_best(L, cv[c:c + K], K, K, K.bit_length() - 1, True)
+        return L
+
+    @triton.jit
+    def _union_top8(L4, lane, BM: tl.constexpr, P: tl.constexpr):
+        """The 8 best of the union of the P lanes' sorted top-4 lists ``L4`` (4 [BM, P] columns),
+        descending, in every lane: a butterfly whose first round merges two 4-lists into a sorted
+        8 (bitonic, 12 compare-exchanges), the others ``_merge8``."""
+        ln = tl.broadcast_to(lane, [BM, P])
+        o = ln ^ 1
+        c = (L4[0], L4[1], L4[2], L4[3], tl.gather(L4[3], o, 1), tl.gather(L4[2], o, 1), tl.gather(L4[1], o, 1),
+             tl.gather(L4[0], o, 1))  # a descending 4 then an ascending one: bitonic
+        c = _bitonic_sort8(c)
+        for b in tl.static_range(1, P.bit_length() - 1):
+            o = ln ^ (1 << b)
+            c = _merge8(c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7],
+                        tl.gather(c[0], o, 1), tl.gather(c[1], o, 1), tl.gather(c[2], o, 1), tl.gather(c[3], o, 1),
+                        tl.gather(c[4], o, 1), tl.gather(c[5], o, 1), tl.gather(c[6], o, 1), tl.gather(c[7], o, 1))
         return c
 
     @triton.jit
@@ -870,6 +924,7 @@ if HAS_TRITON:
         LPG: tl.constexpr,
         SHORT_CHAIN: tl.constexpr = False,
         EARLY_FLAG: tl.constexpr = False,
+        TOP4: tl.constexpr = False,
     ):
         """P lanes per token, lane p holding experts [p SP, (p + 1) SP) (its group when groups
         are dropped: P = G) in registers for the whole kernel: every logit is read and put
@@ -926,16 +981,11 @@ if HAS_TRITON:
             # output is (-1, 0) anyway): else ptxas sinks the flag's load to its first use after
             # the routing, and its latency adds to the block's
             xs = (tl.where(pad[:, :, None], tl.zeros_like(xs[0]), xs[0]),) + xs[1:]
-        cv = ()  # the lane's SP choices, ascending expert id
-        for ci in tl.static_range(NCH):
-            xv = _sigmoid_rows(xs[ci].to(tl.float32), FAST_SIGMOID)
-            if HAS_BIAS:
-                xv = xv + tl.load(bp + ci * VEC).to(tl.float32)
-            cv = cv + _split_lanes(xv, BLOCK_M, P, VEC)
-        Lt = _sort_desc((cv[0], cv[1], cv[2], cv[3], cv[4], cv[5], cv[6], cv[7]), 8)
-        for c8 in tl.static_range(8, SP, 8):
-            Lt = _keep_best(Lt, (cv[c8], cv[c8 + 1], cv[c8 + 2], cv[c8 + 3], cv[c8 + 4], cv[c8 + 5], cv[c8 + 6],
-                                 cv[c8 + 7]), 8, TOPK, LOG_TOPK, True)
+        cv = _chunk_choices(xs, bp, BLOCK_M, P, VEC, NCH, HAS_BIAS, FAST_SIGMOID)
+        if TOP4:  # each lane's 4 best only; the 8 best when a row needs them (below)
+            Lt = _top_sorted(cv, SP, 4)
+        else:
+            Lt = _top_sorted(cv, SP, 8)
 
         if G > TOPK_GROUP:  # a group = LG neighbouring lanes (LG = 1: lane = group)
             LG: tl.constexpr = P // G
@@ -963,7 +1013,7 @@ if HAS_TRITON:
                 if LG > 1:
                     keep = tl.reshape(tl.broadcast_to(keep[:, :, None], [BLOCK_M, G, LG]), [BLOCK_M, P])
             kl = ()
-            for k in tl.static_range(TOPK):
+            for k in tl.static_range(len(Lt)):
                 kl = kl + (tl.where(keep, Lt[k], NEG),)
             Lt = kl
         else:
@@ -980,12 +1030,30 @@ if HAS_TRITON:
             # a row's values >= thr are its taken experts when there are exactly TOPK of them (no
             # tie across its threshold): count them; only a block where some routed row has more
             # counts each lane's values above and at thr and takes the ties lowest id first
-            tk = tl.where(keep, tl.reduce(Lt, 1, _merge8)[7][:, None], float("inf"))
+            if TOP4:
+                # thr4 = the 8th best of the union of the lanes' 4 best: <= thr, and == thr (no tie
+                # across it either) exactly when a row has TOPK values >= thr4, as checked below;
+                # else (a lane holds more than 4 of the row's 8 best, or a tie) the 8 best a lane
+                tk = tl.where(keep, _union_top8(Lt, lane, BLOCK_M, P)[7], float("inf"))
+            else:
+                tk = tl.where(keep, tl.reduce(Lt, 1, _merge8)[7][:, None], float("inf"))
             m = _bits(cv, tk, m0, SP, BY_WORDS=True)
             n_take = _popc(m, FAST_SIGMOID, SP)
             exact = (tl.sum(n_take, axis=1)[:, None] == TOPK) | (ok_st == 0)
             if tl.min(tl.reshape(exact.to(tl.int32), [BLOCK_M * exact.shape[1]]), axis=0) == 0:
-                m_eq = _bits(cv, tk, m0, SP, EQ=True, BY_WORDS=True)
+                if TOP4:  # the choices again (kept live, they cost spills), the 8 best a lane, thr
+                    c8 = _lane_choices(rowp, bp, lm, BLOCK_M, P, VEC, NCH, HAS_BIAS, FAST_SIGMOID)
+                    L8 = _top_sorted(c8, SP, 8)
+                    k8 = ()
+                    for k in tl.static_range(8):
+                        k8 = k8 + (tl.where(keep, L8[k], NEG),)
+                    tk = tl.where(keep, tl.reduce(k8, 1, _merge8)[7][:, None], float("inf"))
+                    m = _bits(c8, tk, m0, SP, BY_WORDS=True)
+                    n_take = _popc(m, FAST_SIGMOID, SP)
+                else:
+                    c8 = cv
+                # the ties at thr, lowest id first (a no-op for a row with exactly TOPK values >= thr)
+                m_eq = _bits(c8, tk, m0, SP, EQ=True, BY_WORDS=True)
                 n_eq = _popc(m_eq, FAST_SIGMOID, SP)
                 n_gt = n_take - n_eq
                 need = TOPK - tl.sum(n_gt, axis=1)[:, None]
@@ -1087,6 +1155,16 @@ def early_flag_served(drops_groups: bool) -> bool:
     return drops_groups
 
 
+def top4_served(num_tokens: int, drops_groups: bool, itemsize: int) -> bool:
+    """Whether the served short-chain "regs" build keeps each lane's 4 best choices (``TOP4``)
+    instead of 8: where it beat 8 on the H200 (benchmarks/kernel_ab.py, results/kernel_ab_h200_top4*:
+    median < -1 %, 90th percentile < 0, A/A within 0.4 %), from 16384 tokens for fp32 DeepSeek-V3
+    (-4.3 to -4.5 %) and 16-bit Kimi-style (-2.4 to -6.7 %).  Elsewhere it lost: more rows need
+    the fallback (a lane holding more than 4 of a row's 8 best), bf16 DeepSeek-V3 with 32 logits
+    a lane +3 to +29 %, fp32 Kimi-style +3 to +10 %; at <= 8192 tokens it was even or lost."""
+    return num_tokens >= 16384 and (itemsize == 4) == drops_groups
+
+
 def default_config(num_tokens: int, num_experts: int, dtype: torch.dtype | None = None, *,
                    num_expert_group: int = 1, topk_group: int = 1, topk: int = 8) -> tuple[str, int, int]:
     """(kernel, BLOCK_M, num_warps) for a batch: the entry for the largest key <= T of
@@ -1145,6 +1223,7 @@ def fused_grouped_topk(
     merge: bool | None = None,
     short_chain: bool | None = None,
     early_flag: bool | None = None,
+    top4: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sigmoid grouped top-k + mask in one launch; returns ``(weights f32, ids i32)``.
 
@@ -1167,6 +1246,10 @@ def fused_grouped_topk(
     ``early_flag`` ("regs", where padded rows load their logits): the padding flag's first use
     beside the first logits', so that its load is issued with theirs (ptxas otherwise sinks it to
     its first use after the routing); default (None): where it won, ``early_flag_served``.
+    ``top4`` ("regs" with ``short_chain``): each lane sorts its 4 best choices instead of 8; the
+    8th best of the lanes' union is the threshold wherever a row then has exactly ``topk``
+    choices at or above it, else the block takes each lane's 8 best from its logits loaded
+    again (same results); default (None): where it won, ``top4_served``.
     """
     tensors = [gating_output] + ([is_padding] if is_padding is not None else [])
     num_tokens, num_experts = gating_output.shape
@@ -1274,8 +1357,11 @@ def fused_grouped_topk(
                 short_chain = short_chain_served(num_tokens, num_expert_group > topk_group)
             if early_flag is None:
                 early_flag = early_flag_served(num_expert_group > topk_group)
+            if top4 is None:
+                top4 = top4_served(num_tokens, num_expert_group > topk_group, gating_output.dtype.itemsize)
             _grouped_topk_regs_kernel[grid](*args, P=lanes, SP=sp, LPG=lpg, SHORT_CHAIN=short_chain,
-                                            EARLY_FLAG=bool(early_flag), **cap, **extra, **common)
+                                            EARLY_FLAG=bool(early_flag), TOP4=bool(top4 and short_chain), **cap,
+                                            **extra, **common)
     else:
         _grouped_topk_kernel[grid](
             *args,
