@@ -514,6 +514,20 @@ if HAS_TRITON:
         return L
 
     @triton.jit
+    def _kept(L, keep):
+        """A lane's list ``L`` with its values at -inf where its group is dropped (``keep`` false)."""
+        out = ()
+        for k in tl.static_range(len(L)):
+            out = out + (tl.where(keep, L[k], float("-inf")),)
+        return out
+
+    @triton.jit
+    def _thr8(L8, keep):
+        """The 8th best of the union of the lanes' descending 8-lists ``L8`` ([BM, 1]; +inf in the
+        lanes of dropped groups, which take nothing)."""
+        return tl.where(keep, tl.reduce(L8, 1, _merge8)[7][:, None], float("inf"))
+
+    @triton.jit
     def _union_top8(L4, lane, BM: tl.constexpr, P: tl.constexpr):
         """The 8 best of the union of the P lanes' sorted top-4 lists ``L4`` (4 [BM, P] columns),
         descending, in every lane: a butterfly whose first round merges two 4-lists into a sorted
@@ -918,7 +932,6 @@ if HAS_TRITON:
         BLOCK_K: tl.constexpr,
         FAST_SIGMOID: tl.constexpr,
         MERGE: tl.constexpr,
-        LOG_TOPK: tl.constexpr,
         P: tl.constexpr,
         SP: tl.constexpr,
         LPG: tl.constexpr,
@@ -1012,10 +1025,7 @@ if HAS_TRITON:
                     r = tl.where(hit, NEG, r)
                 if LG > 1:
                     keep = tl.reshape(tl.broadcast_to(keep[:, :, None], [BLOCK_M, G, LG]), [BLOCK_M, P])
-            kl = ()
-            for k in tl.static_range(len(Lt)):
-                kl = kl + (tl.where(keep, Lt[k], NEG),)
-            Lt = kl
+            Lt = _kept(Lt, keep)
         else:
             keep = tl.full([BLOCK_M, P], 1, tl.int1)
         ok_st = row_ok
@@ -1036,18 +1046,14 @@ if HAS_TRITON:
                 # else (a lane holds more than 4 of the row's 8 best, or a tie) the 8 best a lane
                 tk = tl.where(keep, _union_top8(Lt, lane, BLOCK_M, P)[7], float("inf"))
             else:
-                tk = tl.where(keep, tl.reduce(Lt, 1, _merge8)[7][:, None], float("inf"))
+                tk = _thr8(Lt, keep)
             m = _bits(cv, tk, m0, SP, BY_WORDS=True)
             n_take = _popc(m, FAST_SIGMOID, SP)
             exact = (tl.sum(n_take, axis=1)[:, None] == TOPK) | (ok_st == 0)
             if tl.min(tl.reshape(exact.to(tl.int32), [BLOCK_M * exact.shape[1]]), axis=0) == 0:
                 if TOP4:  # the choices again (kept live, they cost spills), the 8 best a lane, thr
                     c8 = _lane_choices(rowp, bp, lm, BLOCK_M, P, VEC, NCH, HAS_BIAS, FAST_SIGMOID)
-                    L8 = _top_sorted(c8, SP, 8)
-                    k8 = ()
-                    for k in tl.static_range(8):
-                        k8 = k8 + (tl.where(keep, L8[k], NEG),)
-                    tk = tl.where(keep, tl.reduce(k8, 1, _merge8)[7][:, None], float("inf"))
+                    tk = _thr8(_kept(_top_sorted(c8, SP, 8), keep), keep)
                     m = _bits(c8, tk, m0, SP, BY_WORDS=True)
                     n_take = _popc(m, FAST_SIGMOID, SP)
                 else:
@@ -1343,22 +1349,25 @@ def fused_grouped_topk(
     if kern in ("rows", "parts", "regs"):
         pow2 = (topk & (topk - 1)) == 0 and topk >= vec
         merge = pow2 if merge is None else (merge and pow2)
-        extra = dict(VEC=vec, FAST_SIGMOID=not _interpreting(), MERGE=merge, LOG_TOPK=topk.bit_length() - 1)
+        extra = dict(VEC=vec, FAST_SIGMOID=not _interpreting(), MERGE=merge)
+        log_topk = topk.bit_length() - 1
         if kern == "rows":
-            _grouped_topk_rows_kernel[grid](*args, **extra, **common)
+            _grouped_topk_rows_kernel[grid](*args, LOG_TOPK=log_topk, **extra, **common)
         elif kern == "parts":
-            _grouped_topk_parts_kernel[grid](*args, P=lanes, SP=num_experts // lanes, LPG=lpg, **extra, **common)
+            _grouped_topk_parts_kernel[grid](*args, P=lanes, SP=num_experts // lanes, LPG=lpg, LOG_TOPK=log_topk,
+                                             **extra, **common)
         else:
             sp = num_experts // lanes
             cap = {}
             if not (_interpreting() or torch.version.hip):  # Triton's HIP backend has no maxnreg
                 cap = _regs_cap(sp)
+            drops = num_expert_group > topk_group
             if short_chain is None:
-                short_chain = short_chain_served(num_tokens, num_expert_group > topk_group)
+                short_chain = short_chain_served(num_tokens, drops)
             if early_flag is None:
-                early_flag = early_flag_served(num_expert_group > topk_group)
+                early_flag = early_flag_served(drops)
             if top4 is None:
-                top4 = top4_served(num_tokens, num_expert_group > topk_group, gating_output.dtype.itemsize)
+                top4 = top4_served(num_tokens, drops, gating_output.dtype.itemsize)
             _grouped_topk_regs_kernel[grid](*args, P=lanes, SP=sp, LPG=lpg, SHORT_CHAIN=short_chain,
                                             EARLY_FLAG=bool(early_flag), TOP4=bool(top4 and short_chain), **cap,
                                             **extra, **common)
