@@ -117,6 +117,7 @@ def sass_stats(kernels=None, routers=None):
                 yield {"name": name, "router": router, "dtype": dt, "instructions": len(ins),
                        "flag_load": first_at(ins, "LDG.E.U8"), "first_sigmoid": first_at(ins, "MUFU.EX2"),
                        "common_path": common_path(ins) if name.startswith("regs") else None,
+                       "late_loads": late_loads(ins) if name.startswith("regs") else None,
                        "registers": int(regs.group(1)) if regs else None, "stack": int(stack.group(1)) if stack else None,
                        "loops": [(b - a) // 16 + 1 for a, b in loops], "options": opts}
 
@@ -131,6 +132,17 @@ def sass_instructions(sass: str) -> list[tuple[str, str]]:
 def first_at(ins: list[tuple[str, str]], op: str) -> int | None:
     """Index of the first of ``sass_instructions`` containing ``op`` (None: none does)."""
     return next((i for i, (_, t) in enumerate(ins) if op in t), None)
+
+
+def late_loads(ins: list[tuple[str, str]]) -> int:
+    """Masked 8- or 16-byte loads (a "regs" lane's logits; its bias loads are unmasked) that ptxas
+    issues after the first sigmoid and before the block-wide tie test (``REDUX``; the reloads of a
+    fallback path come after it): logits whose DRAM latency is no longer hidden behind the others'."""
+    import re
+
+    ex2 = first_at(ins, "MUFU.EX2")
+    end = first_at(ins, "REDUX") or len(ins)
+    return sum(1 for i, (_, t) in enumerate(ins) if ex2 < i < end and re.match(r"@!?P\d+ LDG\.E\.(64|128) ", t))
 
 
 def common_path(ins: list[tuple[str, str]]) -> int | None:
@@ -157,6 +169,7 @@ def common_path(ins: list[tuple[str, str]]) -> int | None:
 def sass_counts() -> None:
     for r in sass_stats():
         cp = f"common path {r['common_path']}, " if r["common_path"] else ""
+        cp += f"{r['late_loads']} late logits loads, " if r["late_loads"] is not None else ""
         print(f"{r['name']:22} {r['router']:11} {r['dtype']}: {cp}{r['instructions']} SASS instructions, "
               f"{r['registers']} registers, {r['stack']} B stack, loop bodies {r['loops']}")
 

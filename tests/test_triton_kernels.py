@@ -272,6 +272,23 @@ def test_regs_early_flag_issues_the_flag_load_before_the_routing():
         assert (r["flag_load"] < r["first_sigmoid"]) == early, r
 
 
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed: no compiler")
+def test_regs_16_lanes_issue_every_logits_load_up_front():
+    """The served 16-lane short-chain builds issue all of a lane's logits loads before the first
+    sigmoid (SASS for sm_90 compiled here, no GPU), both routers and dtypes.  The test also
+    records where ptxas sinks some under the 64-register cap: ``top4`` for fp32 Kimi-style (2 of
+    6 loads after the sorting began), which lost there (+5 to +10 %, H200) while bf16 (3 loads a
+    lane) won; if ptxas stops sinking them, time top4 there again."""
+    stats = {(r["name"], r["router"], r["dtype"]): r["late_loads"]
+             for r in _sass_stats({"regs+mask+short@16", "regs+mask+short+top4@16"}, ("deepseek-v3", "kimi-style"))}
+    assert len(stats) == 8
+    for router in ("deepseek-v3", "kimi-style"):
+        for dt in ("fp32", "bf16"):
+            assert stats["regs+mask+short@16", router, dt] == 0, (router, dt)
+    assert stats["regs+mask+short+top4@16", "deepseek-v3", "fp32"] == 0  # served from 16384 tokens
+    assert stats["regs+mask+short+top4@16", "kimi-style", "fp32"] > 0  # not served: why
+
+
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed: no interpreter to run the kernel source")
 def test_regs_early_flag_leaves_other_rows_bit_identical_under_triton_interpreter():
     """``early_flag`` zeroes a padded row's first chunk of logits inside the kernel: rows that are
@@ -298,8 +315,8 @@ def test_regs_early_flag_leaves_other_rows_bit_identical_under_triton_interprete
     )
 
 
-def _sass_stats(names):
-    """``profile_grouped_topk.sass_stats`` for DeepSeek-V3's builds ``names`` (skips without ptxas)."""
+def _sass_stats(names, routers=("deepseek-v3",)):
+    """``profile_grouped_topk.sass_stats`` for the builds ``names`` of ``routers`` (skips without ptxas)."""
     import triton
 
     if not os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")):
@@ -309,7 +326,7 @@ def _sass_stats(names):
         import profile_grouped_topk
     finally:
         sys.path.pop(0)
-    return profile_grouped_topk.sass_stats(kernels=names, routers={"deepseek-v3"})
+    return profile_grouped_topk.sass_stats(kernels=names, routers=set(routers))
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed: no interpreter to run the kernel source")
