@@ -290,6 +290,32 @@ def test_regs_16_lanes_issue_every_logits_load_up_front():
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed: no interpreter to run the kernel source")
+def test_regs_loads_barrier_changes_no_bit_under_triton_interpreter():
+    """``loads_barrier`` only orders the logits' loads before the routing: every output bit as
+    without it (both routers, fp32 / bf16, 8 / 16 lanes, the short chain with top 4 and 8, a mask)."""
+    _run_interpreted(
+        """
+        import torch
+        from vllm_padplugin.kernels.triton_grouped_topk import fused_grouped_topk
+        torch.manual_seed(5)
+        for E, G, TG, s, lanes in [(256, 8, 4, 2.5, 8), (256, 8, 4, 2.5, 16), (384, 1, 1, 2.827, 16)]:
+            for dt in (torch.float32, torch.bfloat16):
+                for top4 in (False, True):
+                    x = torch.randn(21, E).to(dt)
+                    b = torch.randn(E) * 0.05
+                    m = torch.rand(21) < 0.3
+                    kw = dict(topk=8, num_expert_group=G, topk_group=TG, routed_scaling_factor=s, is_padding=m,
+                              kernel="regs", block_m=32 // lanes, num_warps=1, short_chain=True, top4=top4)
+                    w0, i0 = fused_grouped_topk(x, b, **kw)
+                    w1, i1 = fused_grouped_topk(x, b, loads_barrier=True, **kw)
+                    assert torch.equal(i0, i1) and torch.equal(w0.view(torch.int32), w1.view(torch.int32)), (E, lanes)
+                    assert (i1[m] == -1).all() and (i1[~m] >= 0).all()
+        print("ok")
+        """
+    )
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed: no interpreter to run the kernel source")
 def test_regs_early_flag_leaves_other_rows_bit_identical_under_triton_interpreter():
     """``early_flag`` zeroes a padded row's first chunk of logits inside the kernel: rows that are
     not padding must come out bit for bit as without it, padded rows (-1, 0) either way (both
@@ -530,12 +556,15 @@ def test_gpu_regs_wide_lanes_matches_reference(E, G, TG, K, scale, T, dtype, lan
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("variant", [{"short_chain": False}, {"short_chain": True},
                                      {"early_flag": True, "skip_padded_loads": False},
-                                     {"short_chain": True, "top4": True}, {"short_chain": True, "top4": False}],
-                         ids=["long_chain", "short_chain", "early_flag", "top4", "top8"])
+                                     {"short_chain": True, "top4": True}, {"short_chain": True, "top4": False},
+                                     {"loads_barrier": True}, {"block_m": 4, "num_warps": 1, "loads_barrier": True},
+                                     {"short_chain": True, "top4": True, "loads_barrier": True}],
+                         ids=["long_chain", "short_chain", "early_flag", "top4", "top8", "barrier", "l8_barrier",
+                              "top4_barrier"])
 def test_gpu_regs_variants_match_reference(E, G, TG, K, scale, T, dtype, variant):
     """The "regs" variants benchmarks/kernel_ab.py and mask_cost.py time against the served build
     (the long and the short chain, each forced; the flag loaded early; lanes keeping their 4 or 8
-    best, forced), at the sizes they time, with a bias and a mask; integer logits (ties everywhere,
+    best, forced; the barrier after the logits' loads, also with 8 lanes and with top4), at the sizes they time, with a bias and a mask; integer logits (ties everywhere,
     so top4's fallback) too."""
     _regs_matches_reference(E, G, TG, K, scale, T, dtype, T + E + 3, **variant)
 

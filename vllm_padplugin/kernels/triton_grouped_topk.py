@@ -938,6 +938,7 @@ if HAS_TRITON:
         SHORT_CHAIN: tl.constexpr = False,
         EARLY_FLAG: tl.constexpr = False,
         TOP4: tl.constexpr = False,
+        LOADS_BARRIER: tl.constexpr = False,
     ):
         """P lanes per token, lane p holding experts [p SP, (p + 1) SP) (its group when groups
         are dropped: P = G) in registers for the whole kernel: every logit is read and put
@@ -989,6 +990,8 @@ if HAS_TRITON:
         xs = ()  # every load first: NCH 16-byte loads in flight per lane
         for ci in tl.static_range(NCH):
             xs = xs + (tl.load(rowp + ci * VEC, mask=lm, other=0.0),)
+        if LOADS_BARRIER:  # ptxas may not sink a load below a barrier: all of them issued up front
+            tl.debug_barrier()
         if HAS_PAD and not SKIP_PADDED_LOADS and EARLY_FLAG:
             # the flag's first use beside the first logits' (a padded row's chunk zeroed: its
             # output is (-1, 0) anyway): else ptxas sinks the flag's load to its first use after
@@ -1230,6 +1233,7 @@ def fused_grouped_topk(
     short_chain: bool | None = None,
     early_flag: bool | None = None,
     top4: bool | None = None,
+    loads_barrier: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sigmoid grouped top-k + mask in one launch; returns ``(weights f32, ids i32)``.
 
@@ -1256,6 +1260,9 @@ def fused_grouped_topk(
     8th best of the lanes' union is the threshold wherever a row then has exactly ``topk``
     choices at or above it, else the block takes each lane's 8 best from its logits loaded
     again (same results); default (None): where it won, ``top4_served``.
+    ``loads_barrier`` ("regs"): a barrier after the logits' loads, so that ptxas issues all of
+    them before any routing work (it may sink some under the register cap:
+    ``benchmarks/profile_grouped_topk.py``'s ``late_loads``); an experiment, off by default.
     """
     tensors = [gating_output] + ([is_padding] if is_padding is not None else [])
     num_tokens, num_experts = gating_output.shape
@@ -1369,7 +1376,8 @@ def fused_grouped_topk(
             if top4 is None:
                 top4 = top4_served(num_tokens, drops, gating_output.dtype.itemsize)
             _grouped_topk_regs_kernel[grid](*args, P=lanes, SP=sp, LPG=lpg, SHORT_CHAIN=short_chain,
-                                            EARLY_FLAG=bool(early_flag), TOP4=bool(top4 and short_chain), **cap,
+                                            EARLY_FLAG=bool(early_flag), TOP4=bool(top4 and short_chain),
+                                            LOADS_BARRIER=bool(loads_barrier), **cap,
                                             **extra, **common)
     else:
         _grouped_topk_kernel[grid](
