@@ -528,15 +528,35 @@ if HAS_TRITON:
         return tl.where(keep, tl.reduce(L8, 1, _merge8)[7][:, None], float("inf"))
 
     @triton.jit
-    def _union_top8(L4, lane, BM: tl.constexpr, P: tl.constexpr):
+    def _merge44(c):
+        """Two descending 4-lists ``c[0:4]``, ``c[4:8]`` merged into a descending 8: Batcher's
+        odd-even merge, 9 compare-exchanges (a bitonic merge takes 12)."""
+        x0, x1, x2, x3, x4, x5, x6, x7 = c
+        x0, x4 = tl.maximum(x0, x4), tl.minimum(x0, x4)
+        x2, x6 = tl.maximum(x2, x6), tl.minimum(x2, x6)
+        x1, x5 = tl.maximum(x1, x5), tl.minimum(x1, x5)
+        x3, x7 = tl.maximum(x3, x7), tl.minimum(x3, x7)
+        x2, x4 = tl.maximum(x2, x4), tl.minimum(x2, x4)
+        x3, x5 = tl.maximum(x3, x5), tl.minimum(x3, x5)
+        x1, x2 = tl.maximum(x1, x2), tl.minimum(x1, x2)
+        x3, x4 = tl.maximum(x3, x4), tl.minimum(x3, x4)
+        x5, x6 = tl.maximum(x5, x6), tl.minimum(x5, x6)
+        return (x0, x1, x2, x3, x4, x5, x6, x7)
+
+    @triton.jit
+    def _union_top8(L4, lane, BM: tl.constexpr, P: tl.constexpr, OEM: tl.constexpr = False):
         """The 8 best of the union of the P lanes' sorted top-4 lists ``L4`` (4 [BM, P] columns),
         descending, in every lane: a butterfly whose first round merges two 4-lists into a sorted
-        8 (bitonic, 12 compare-exchanges), the others ``_merge8``."""
+        8 (bitonic, 12 compare-exchanges; ``OEM``: odd-even, 9), the others ``_merge8``."""
         ln = tl.broadcast_to(lane, [BM, P])
         o = ln ^ 1
-        c = (L4[0], L4[1], L4[2], L4[3], tl.gather(L4[3], o, 1), tl.gather(L4[2], o, 1), tl.gather(L4[1], o, 1),
-             tl.gather(L4[0], o, 1))  # a descending 4 then an ascending one: bitonic
-        c = _bitonic_sort8(c)
+        if OEM:
+            c = _merge44((L4[0], L4[1], L4[2], L4[3], tl.gather(L4[0], o, 1), tl.gather(L4[1], o, 1),
+                          tl.gather(L4[2], o, 1), tl.gather(L4[3], o, 1)))
+        else:
+            c = (L4[0], L4[1], L4[2], L4[3], tl.gather(L4[3], o, 1), tl.gather(L4[2], o, 1), tl.gather(L4[1], o, 1),
+                 tl.gather(L4[0], o, 1))  # a descending 4 then an ascending one: bitonic
+            c = _bitonic_sort8(c)
         for b in tl.static_range(1, P.bit_length() - 1):
             o = ln ^ (1 << b)
             c = _merge8(c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7],
@@ -938,7 +958,7 @@ if HAS_TRITON:
         SHORT_CHAIN: tl.constexpr = False,
         EARLY_FLAG: tl.constexpr = False,
         TOP4: tl.constexpr = False,
-        LOADS_BARRIER: tl.constexpr = False,
+        OEM: tl.constexpr = False,
     ):
         """P lanes per token, lane p holding experts [p SP, (p + 1) SP) (its group when groups
         are dropped: P = G) in registers for the whole kernel: every logit is read and put
@@ -990,8 +1010,6 @@ if HAS_TRITON:
         xs = ()  # every load first: NCH 16-byte loads in flight per lane
         for ci in tl.static_range(NCH):
             xs = xs + (tl.load(rowp + ci * VEC, mask=lm, other=0.0),)
-        if LOADS_BARRIER:  # ptxas may not sink a load below a barrier: all of them issued up front
-            tl.debug_barrier()
         if HAS_PAD and not SKIP_PADDED_LOADS and EARLY_FLAG:
             # the flag's first use beside the first logits' (a padded row's chunk zeroed: its
             # output is (-1, 0) anyway): else ptxas sinks the flag's load to its first use after
@@ -1047,7 +1065,7 @@ if HAS_TRITON:
                 # thr4 = the 8th best of the union of the lanes' 4 best: <= thr, and == thr (no tie
                 # across it either) exactly when a row has TOPK values >= thr4, as checked below;
                 # else (a lane holds more than 4 of the row's 8 best, or a tie) the 8 best a lane
-                tk = tl.where(keep, _union_top8(Lt, lane, BLOCK_M, P)[7], float("inf"))
+                tk = tl.where(keep, _union_top8(Lt, lane, BLOCK_M, P, OEM)[7], float("inf"))
             else:
                 tk = _thr8(Lt, keep)
             m = _bits(cv, tk, m0, SP, BY_WORDS=True)
@@ -1233,7 +1251,7 @@ def fused_grouped_topk(
     short_chain: bool | None = None,
     early_flag: bool | None = None,
     top4: bool | None = None,
-    loads_barrier: bool = False,
+    odd_even: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sigmoid grouped top-k + mask in one launch; returns ``(weights f32, ids i32)``.
 
@@ -1260,9 +1278,8 @@ def fused_grouped_topk(
     8th best of the lanes' union is the threshold wherever a row then has exactly ``topk``
     choices at or above it, else the block takes each lane's 8 best from its logits loaded
     again (same results); default (None): where it won, ``top4_served``.
-    ``loads_barrier`` ("regs"): a barrier after the logits' loads, so that ptxas issues all of
-    them before any routing work (it may sink some under the register cap:
-    ``benchmarks/profile_grouped_topk.py``'s ``late_loads``); an experiment, off by default.
+    ``odd_even`` ("regs" with ``top4``): the first round of the lanes' union merges two 4-lists by
+    Batcher's odd-even merge (9 compare-exchanges instead of 12; same results); an experiment.
     """
     tensors = [gating_output] + ([is_padding] if is_padding is not None else [])
     num_tokens, num_experts = gating_output.shape
@@ -1377,7 +1394,7 @@ def fused_grouped_topk(
                 top4 = top4_served(num_tokens, drops, gating_output.dtype.itemsize)
             _grouped_topk_regs_kernel[grid](*args, P=lanes, SP=sp, LPG=lpg, SHORT_CHAIN=short_chain,
                                             EARLY_FLAG=bool(early_flag), TOP4=bool(top4 and short_chain),
-                                            LOADS_BARRIER=bool(loads_barrier), **cap,
+                                            OEM=bool(odd_even), **cap,
                                             **extra, **common)
     else:
         _grouped_topk_kernel[grid](
