@@ -201,37 +201,42 @@ if HAS_TRITON:
             return tl.sigmoid(x)
 
     @triton.jit
+    def _ce(a, b):
+        """A compare-exchange of a descending network: (the larger, the smaller)."""
+        return tl.maximum(a, b), tl.minimum(a, b)
+
+    @triton.jit
     def _sort_desc(xs, VEC: tl.constexpr):
         """Sort a tuple of 4 or 8 [BM] columns, descending (optimal comparator networks)."""
         if VEC == 4:
             x0, x1, x2, x3 = xs
-            x0, x1 = tl.maximum(x0, x1), tl.minimum(x0, x1)
-            x2, x3 = tl.maximum(x2, x3), tl.minimum(x2, x3)
-            x0, x2 = tl.maximum(x0, x2), tl.minimum(x0, x2)
-            x1, x3 = tl.maximum(x1, x3), tl.minimum(x1, x3)
-            x1, x2 = tl.maximum(x1, x2), tl.minimum(x1, x2)
+            x0, x1 = _ce(x0, x1)
+            x2, x3 = _ce(x2, x3)
+            x0, x2 = _ce(x0, x2)
+            x1, x3 = _ce(x1, x3)
+            x1, x2 = _ce(x1, x2)
             return (x0, x1, x2, x3)
         else:
             x0, x1, x2, x3, x4, x5, x6, x7 = xs
-            x0, x1 = tl.maximum(x0, x1), tl.minimum(x0, x1)
-            x2, x3 = tl.maximum(x2, x3), tl.minimum(x2, x3)
-            x4, x5 = tl.maximum(x4, x5), tl.minimum(x4, x5)
-            x6, x7 = tl.maximum(x6, x7), tl.minimum(x6, x7)
-            x0, x2 = tl.maximum(x0, x2), tl.minimum(x0, x2)
-            x1, x3 = tl.maximum(x1, x3), tl.minimum(x1, x3)
-            x4, x6 = tl.maximum(x4, x6), tl.minimum(x4, x6)
-            x5, x7 = tl.maximum(x5, x7), tl.minimum(x5, x7)
-            x1, x2 = tl.maximum(x1, x2), tl.minimum(x1, x2)
-            x5, x6 = tl.maximum(x5, x6), tl.minimum(x5, x6)
-            x0, x4 = tl.maximum(x0, x4), tl.minimum(x0, x4)
-            x3, x7 = tl.maximum(x3, x7), tl.minimum(x3, x7)
-            x1, x5 = tl.maximum(x1, x5), tl.minimum(x1, x5)
-            x2, x6 = tl.maximum(x2, x6), tl.minimum(x2, x6)
-            x1, x4 = tl.maximum(x1, x4), tl.minimum(x1, x4)
-            x3, x6 = tl.maximum(x3, x6), tl.minimum(x3, x6)
-            x2, x4 = tl.maximum(x2, x4), tl.minimum(x2, x4)
-            x3, x5 = tl.maximum(x3, x5), tl.minimum(x3, x5)
-            x3, x4 = tl.maximum(x3, x4), tl.minimum(x3, x4)
+            x0, x1 = _ce(x0, x1)
+            x2, x3 = _ce(x2, x3)
+            x4, x5 = _ce(x4, x5)
+            x6, x7 = _ce(x6, x7)
+            x0, x2 = _ce(x0, x2)
+            x1, x3 = _ce(x1, x3)
+            x4, x6 = _ce(x4, x6)
+            x5, x7 = _ce(x5, x7)
+            x1, x2 = _ce(x1, x2)
+            x5, x6 = _ce(x5, x6)
+            x0, x4 = _ce(x0, x4)
+            x3, x7 = _ce(x3, x7)
+            x1, x5 = _ce(x1, x5)
+            x2, x6 = _ce(x2, x6)
+            x1, x4 = _ce(x1, x4)
+            x3, x6 = _ce(x3, x6)
+            x2, x4 = _ce(x2, x4)
+            x3, x5 = _ce(x3, x5)
+            x3, x4 = _ce(x3, x4)
             return (x0, x1, x2, x3, x4, x5, x6, x7)
 
     @triton.jit
@@ -532,15 +537,15 @@ if HAS_TRITON:
         """Two descending 4-lists ``c[0:4]``, ``c[4:8]`` merged into a descending 8: Batcher's
         odd-even merge, 9 compare-exchanges (a bitonic merge takes 12)."""
         x0, x1, x2, x3, x4, x5, x6, x7 = c
-        x0, x4 = tl.maximum(x0, x4), tl.minimum(x0, x4)
-        x2, x6 = tl.maximum(x2, x6), tl.minimum(x2, x6)
-        x1, x5 = tl.maximum(x1, x5), tl.minimum(x1, x5)
-        x3, x7 = tl.maximum(x3, x7), tl.minimum(x3, x7)
-        x2, x4 = tl.maximum(x2, x4), tl.minimum(x2, x4)
-        x3, x5 = tl.maximum(x3, x5), tl.minimum(x3, x5)
-        x1, x2 = tl.maximum(x1, x2), tl.minimum(x1, x2)
-        x3, x4 = tl.maximum(x3, x4), tl.minimum(x3, x4)
-        x5, x6 = tl.maximum(x5, x6), tl.minimum(x5, x6)
+        x0, x4 = _ce(x0, x4)
+        x2, x6 = _ce(x2, x6)
+        x1, x5 = _ce(x1, x5)
+        x3, x7 = _ce(x3, x7)
+        x2, x4 = _ce(x2, x4)
+        x3, x5 = _ce(x3, x5)
+        x1, x2 = _ce(x1, x2)
+        x3, x4 = _ce(x3, x4)
+        x5, x6 = _ce(x5, x6)
         return (x0, x1, x2, x3, x4, x5, x6, x7)
 
     @triton.jit
