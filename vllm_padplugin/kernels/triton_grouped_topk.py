@@ -240,6 +240,20 @@ if HAS_TRITON:
             return (x0, x1, x2, x3, x4, x5, x6, x7)
 
     @triton.jit
+    def _bitonic_sort(c, K: tl.constexpr, LOG_K: tl.constexpr):
+        """A bitonic sequence of K (= 2^LOG_K) values, sorted descending: half-cleaners at
+        distance K/2, K/4, .., 1."""
+        for st in tl.static_range(LOG_K):
+            nc = ()
+            for i in tl.static_range(K):
+                if (i & (K >> (st + 1))) == 0:
+                    nc = nc + (tl.maximum(c[i], c[i ^ (K >> (st + 1))]),)
+                else:
+                    nc = nc + (tl.minimum(c[i], c[i ^ (K >> (st + 1))]),)
+            c = nc
+        return c
+
+    @triton.jit
     def _keep_best(L, xs, VEC: tl.constexpr, K: tl.constexpr, LOG_K: tl.constexpr, MERGE: tl.constexpr):
         """L (K values, descending) := the K best of L and the VEC new values xs."""
         if MERGE:  # sort the chunk, pair L[i] with the chunk reversed (a bitonic top-K), clean up
@@ -250,15 +264,7 @@ if HAS_TRITON:
                     c = c + (tl.maximum(L[i], b[K - 1 - i]),)
                 else:
                     c = c + (L[i],)
-            for st in tl.static_range(LOG_K):  # half-cleaners at distance K/2, K/4, .., 1
-                nc = ()
-                for i in tl.static_range(K):
-                    if (i & (K >> (st + 1))) == 0:
-                        nc = nc + (tl.maximum(c[i], c[i ^ (K >> (st + 1))]),)
-                    else:
-                        nc = nc + (tl.minimum(c[i], c[i ^ (K >> (st + 1))]),)
-                c = nc
-            return c
+            return _bitonic_sort(c, K, LOG_K)
         else:  # insertion: a max / min pair per slot and value
             for j in tl.static_range(VEC):
                 cv = xs[j]
@@ -467,25 +473,12 @@ if HAS_TRITON:
             return (e0, e1, e2, e3, e4, e5, e6, e7)
 
     @triton.jit
-    def _bitonic_sort8(c):
-        """A bitonic sequence of 8, sorted descending: half-cleaners at distance 4, 2, 1."""
-        for st in tl.static_range(3):
-            nc = ()
-            for i in tl.static_range(8):
-                if (i & (4 >> st)) == 0:
-                    nc = nc + (tl.maximum(c[i], c[i ^ (4 >> st)]),)
-                else:
-                    nc = nc + (tl.minimum(c[i], c[i ^ (4 >> st)]),)
-            c = nc
-        return c
-
-    @triton.jit
     def _merge8(a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, b4, b5, b6, b7):
         """Top 8 of two descending 8-lists, descending: pair a_i with b_(7-i) (a bitonic
         sequence), then half-cleaners at distance 4, 2, 1.  Associative and commutative, so
         ``tl.reduce`` can use it: a butterfly merge of the lanes' lists in 3 shuffle rounds."""
-        return _bitonic_sort8((tl.maximum(a0, b7), tl.maximum(a1, b6), tl.maximum(a2, b5), tl.maximum(a3, b4),
-                               tl.maximum(a4, b3), tl.maximum(a5, b2), tl.maximum(a6, b1), tl.maximum(a7, b0)))
+        return _bitonic_sort((tl.maximum(a0, b7), tl.maximum(a1, b6), tl.maximum(a2, b5), tl.maximum(a3, b4),
+                              tl.maximum(a4, b3), tl.maximum(a5, b2), tl.maximum(a6, b1), tl.maximum(a7, b0)), 8, 3)
 
     @triton.jit
     def _chunk_choices(xs, bp, BM: tl.constexpr, P: tl.constexpr, VEC: tl.constexpr, NCH: tl.constexpr,
@@ -501,13 +494,18 @@ if HAS_TRITON:
         return cv
 
     @triton.jit
-    def _lane_choices(rowp, bp, lm, BM: tl.constexpr, P: tl.constexpr, VEC: tl.constexpr, NCH: tl.constexpr,
-                      HAS_BIAS: tl.constexpr, FAST: tl.constexpr):
-        """``_chunk_choices`` of the lane's logits loaded again (from cache)."""
+    def _lane_logits(rowp, lm, VEC: tl.constexpr, NCH: tl.constexpr):
+        """A lane's NCH 16-byte chunks of logits, every load issued before any is used."""
         xs = ()
         for ci in tl.static_range(NCH):
             xs = xs + (tl.load(rowp + ci * VEC, mask=lm, other=0.0),)
-        return _chunk_choices(xs, bp, BM, P, VEC, NCH, HAS_BIAS, FAST)
+        return xs
+
+    @triton.jit
+    def _lane_choices(rowp, bp, lm, BM: tl.constexpr, P: tl.constexpr, VEC: tl.constexpr, NCH: tl.constexpr,
+                      HAS_BIAS: tl.constexpr, FAST: tl.constexpr):
+        """``_chunk_choices`` of the lane's logits loaded again (from cache)."""
+        return _chunk_choices(_lane_logits(rowp, lm, VEC, NCH), bp, BM, P, VEC, NCH, HAS_BIAS, FAST)
 
     @triton.jit
     def _top_sorted(cv, SP: tl.constexpr, K: tl.constexpr):
@@ -561,7 +559,7 @@ if HAS_TRITON:
         else:
             c = (L4[0], L4[1], L4[2], L4[3], tl.gather(L4[3], o, 1), tl.gather(L4[2], o, 1), tl.gather(L4[1], o, 1),
                  tl.gather(L4[0], o, 1))  # a descending 4 then an ascending one: bitonic
-            c = _bitonic_sort8(c)
+            c = _bitonic_sort(c, 8, 3)
         for b in tl.static_range(1, P.bit_length() - 1):
             o = ln ^ (1 << b)
             c = _merge8(c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7],
@@ -1012,9 +1010,7 @@ if HAS_TRITON:
         bp = bias_ptr + (e_lane[:, :, None] + vv + 0 * rows[:, None, None])
         lm = live[:, :, None]
 
-        xs = ()  # every load first: NCH 16-byte loads in flight per lane
-        for ci in tl.static_range(NCH):
-            xs = xs + (tl.load(rowp + ci * VEC, mask=lm, other=0.0),)
+        xs = _lane_logits(rowp, lm, VEC, NCH)  # every load first: NCH 16-byte loads in flight per lane
         if HAS_PAD and not SKIP_PADDED_LOADS and EARLY_FLAG:
             # the flag's first use beside the first logits' (a padded row's chunk zeroed: its
             # output is (-1, 0) anyway): else ptxas sinks the flag's load to its first use after
