@@ -148,7 +148,8 @@ def late_loads(ins: list[tuple[str, str]]) -> int:
 def common_path(ins: list[tuple[str, str]]) -> int | None:
     """Instructions a "regs" thread executes when no row of its block has a tie at its threshold:
     those up to the last exit less the tie path, i.e. the longer of the two regions the branch
-    after the block-wide tie test (``REDUX``) chooses between (straight-line code: a loop body,
+    after the block-wide tie test (``REDUX``) chooses between, or, where each ends in its own exit,
+    the shorter (straight-line code: a loop body,
     Kimi-style's pop loop, counts once).  None where the SASS has no such branch."""
     import re
 
@@ -161,6 +162,8 @@ def common_path(ins: list[tuple[str, str]]) -> int | None:
     end = max(i for i, (_, t) in enumerate(ins) if "EXIT" in t) + 1
     skipped = tgt - b - 1  # fall-through region
     last = ins[tgt - 1][1]
+    if last.startswith("EXIT"):  # each branch runs to its own exit (the writes split): the shorter
+        return b + 1 + min(skipped, end - tgt)
     if last.startswith("BRA "):  # if / else: the fall-through region jumps over the other one
         skipped = max(skipped, idx(re.search(r"BRA (0x[0-9a-f]+)", last).group(1)) - tgt)
     return end - skipped

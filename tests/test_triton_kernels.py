@@ -291,9 +291,11 @@ def test_regs_16_lanes_issue_every_logits_load_up_front():
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed: no interpreter to run the kernel source")
-@pytest.mark.parametrize("experiment", ["odd_even"])
+@pytest.mark.parametrize("experiment", ["odd_even", "split_write", "pair_union"])
 def test_regs_experiments_change_no_bit_under_triton_interpreter(experiment):
-    """``odd_even`` merges the lanes' 4-lists by another network: every output bit as without it
+    """``odd_even`` merges the lanes' 4-lists by another network, ``split_write`` writes the output
+    in each branch of the exactness test (at most 4 taken a lane in the common one), ``pair_union``
+    merges the lanes' lists with a sorted 8 held by two lanes: every output bit as without it
     (both routers, fp32 / bf16, 8 / 16 lanes, the short chain with top 4 and 8, a mask; rows whose
     8 best crowd into few lanes too, so that top4's fallback runs).  A wrong network could not
     change a result either (a threshold with exactly 8 choices at or above it is always the
@@ -304,11 +306,13 @@ def test_regs_experiments_change_no_bit_under_triton_interpreter(experiment):
         import torch
         from vllm_padplugin.kernels.triton_grouped_topk import fused_grouped_topk
         torch.manual_seed(5)
-        for E, G, TG, s, lanes in [(256, 8, 4, 2.5, 8), (256, 8, 4, 2.5, 16), (384, 1, 1, 2.827, 16)]:
+        for E, G, TG, s, lanes in [(256, 8, 4, 2.5, 8), (256, 8, 4, 2.5, 16), (256, 8, 4, 2.5, 32),
+                                   (384, 1, 1, 2.827, 16)]:
             for dt in (torch.float32, torch.bfloat16):
                 for top4 in (False, True):
                     x = torch.randn(21, E).to(dt)
                     x[:5, :24] += 4.0  # the 8 best in the first lanes: top4's fallback
+                    x[5:9, 32:36] += 4.0  # 4 of the 8 best in one lane: top4's common path at its bound
                     b = torch.randn(E) * 0.05
                     m = torch.rand(21) < 0.3
                     kw = dict(topk=8, num_expert_group=G, topk_group=TG, routed_scaling_factor=s, is_padding=m,
@@ -564,12 +568,16 @@ def test_gpu_regs_wide_lanes_matches_reference(E, G, TG, K, scale, T, dtype, lan
 @pytest.mark.parametrize("variant", [{"short_chain": False}, {"short_chain": True},
                                      {"early_flag": True, "skip_padded_loads": False},
                                      {"short_chain": True, "top4": True}, {"short_chain": True, "top4": False},
-                                     {"short_chain": True, "top4": True, "odd_even": True}],
-                         ids=["long_chain", "short_chain", "early_flag", "top4", "top8", "top4_odd_even"])
+                                     {"short_chain": True, "top4": True, "odd_even": True},
+                                     {"short_chain": True, "top4": True, "split_write": True},
+                                     {"short_chain": True, "pair_union": True},
+                                     {"short_chain": True, "top4": True, "pair_union": True, "split_write": True}],
+                         ids=["long_chain", "short_chain", "early_flag", "top4", "top8", "top4_odd_even",
+                              "top4_split_write", "pair_union", "top4_pair_union_split_write"])
 def test_gpu_regs_variants_match_reference(E, G, TG, K, scale, T, dtype, variant):
     """The "regs" variants benchmarks/kernel_ab.py and mask_cost.py time against the served build
     (the long and the short chain, each forced; the flag loaded early; lanes keeping their 4 or 8
-    best, forced; top4's odd-even merge), at the sizes they time, with a bias and a mask; integer logits (ties everywhere,
+    best, forced; top4's odd-even merge, its split write; the union by pairs of lanes), at the sizes they time, with a bias and a mask; integer logits (ties everywhere,
     so top4's fallback) too."""
     _regs_matches_reference(E, G, TG, K, scale, T, dtype, T + E + 3, **variant)
 

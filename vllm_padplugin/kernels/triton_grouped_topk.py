@@ -568,6 +568,50 @@ if HAS_TRITON:
         return c
 
     @triton.jit
+    def _pair_thr8(L, lane, BM: tl.constexpr, P: tl.constexpr):
+        """The 8th best of the union of the P lanes' descending lists ``L`` (4 or 8 [BM, P] columns),
+        in every lane, with a sorted 8 held by a pair of lanes (2q: its best 4, 2q + 1: the next
+        4): a merge round then moves 4 values a lane instead of 8 and sorts 4 where
+        ``_merge8`` sorts 8 (SASS: ~40 -> ~24 instructions a round).  Merging two pairs, a lane
+        takes the other pair's half of the other rank, reversed (lane ^ 2^r ^ 1); the 8 maxima
+        form a bitonic 8 that a half-cleaner across the pair (lane ^ 1: the upper lane keeps the
+        max, the lower the min) and a bitonic sort of 4 a lane put in order.  The first round
+        builds the pairs: the lower lane computes its half reversed (the same registers move for
+        both lanes), still bitonic.  The last round needs only the minimum of the 8 maxima."""
+        ln = tl.broadcast_to(lane, [BM, P])
+        lo = (ln & 1) != 0
+        o = ln ^ 1
+        if len(L) == 4:  # two 4-lists: L[k] against the other's L[3 - k]
+            c = ()
+            for k in tl.static_range(4):
+                x = tl.gather(L[3 - k], o, 1)
+                c = c + (tl.where(lo, tl.minimum(L[k], x), tl.maximum(L[k], x)),)
+        else:  # two 8-lists: their bitonic top 8 (the lower lane's reversed), halved across the pair
+            n = ()
+            for k in tl.static_range(8):
+                n = n + (tl.maximum(L[k], tl.gather(L[7 - k], o, 1)),)
+            c = ()
+            for k in tl.static_range(4):
+                c = c + (tl.where(lo, tl.minimum(n[k], n[k + 4]), tl.maximum(n[k], n[k + 4])),)
+        c = _bitonic_sort(c, 4, 2)
+        LOG_P: tl.constexpr = P.bit_length() - 1
+        for r in tl.static_range(LOG_P - 1):
+            q = ln ^ ((2 << r) | 1)
+            m = ()
+            for k in tl.static_range(4):
+                m = m + (tl.maximum(c[k], tl.gather(c[3 - k], q, 1)),)
+            if r < LOG_P - 2:
+                c = ()
+                for k in tl.static_range(4):
+                    y = tl.gather(m[k], o, 1)
+                    c = c + (tl.where(lo, tl.minimum(m[k], y), tl.maximum(m[k], y)),)
+                c = _bitonic_sort(c, 4, 2)
+            else:
+                t = tl.minimum(tl.minimum(m[0], m[1]), tl.minimum(m[2], m[3]))
+                c = (tl.minimum(t, tl.gather(t, o, 1)),)
+        return c[0]
+
+    @triton.jit
     def _union_slots(Lt, BM: tl.constexpr, TOPK: tl.constexpr, BFLY: tl.constexpr):
         """Per token, the lanes' sorted lists ``Lt`` (TOPK [BM, P] columns, descending) ->
         ``thr`` [BM, 1] = the TOPK-th value of their union and, per lane, its count above
@@ -639,14 +683,15 @@ if HAS_TRITON:
     @triton.jit
     def _slots_write(logits_ptr, w_out_ptr, ids_out_ptr, rows64, stride_t, lane, m, off, scale, ok_st, row_ok, pad,
                      FAST: tl.constexpr, BM: tl.constexpr, P: tl.constexpr, SP: tl.constexpr, TOPK: tl.constexpr,
-                     RENORM: tl.constexpr):
+                     RENORM: tl.constexpr, JMAX: tl.constexpr):
         """Lane s writes output slot s (s, s + P, .. when P < TOPK): the lanes' taken experts
         (bit masks ``m``) fill slots [off, off + its count) in ascending id, so slot s belongs
         to the last lane whose ``off`` <= s (``off`` is non-decreasing: a binary search over
         the lanes by ``tl.gather``, a warp shuffle) and is that lane's (s - off)-th taken bit.
         One logit reload a slot, all slots of a row at once, the weight sum by a shuffle
         reduction: no loop whose trip count is the busiest lane's, no barrier and no reload of
-        written weights.  Padded rows get (-1, 0) from the same stores."""
+        written weights.  Padded rows get (-1, 0) from the same stores.  ``JMAX``: the most
+        experts a routed row's lane takes (one dependent bit drop per taken expert but the last)."""
         LOG_P: tl.constexpr = P.bit_length() - 1
         NS: tl.constexpr = (TOPK + P - 1) // P  # slots a lane
         ws = ()
@@ -664,7 +709,7 @@ if HAS_TRITON:
                 oq = tl.where(up, oc, oq)
             mq = tl.gather(m, q, 1)
             j = slot - oq
-            for i in tl.static_range(TOPK - 1):  # drop the j lowest taken bits
+            for i in tl.static_range(JMAX - 1):  # drop the j lowest taken bits
                 mq = tl.where(j > i, mq & (mq - 1), mq)
             low = mq & (-mq)
             bit = ((low.to(tl.float32).to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
@@ -962,6 +1007,8 @@ if HAS_TRITON:
         EARLY_FLAG: tl.constexpr = False,
         TOP4: tl.constexpr = False,
         OEM: tl.constexpr = False,
+        SPLIT_WRITE: tl.constexpr = False,
+        PAIRS: tl.constexpr = False,
     ):
         """P lanes per token, lane p holding experts [p SP, (p + 1) SP) (its group when groups
         are dropped: P = G) in registers for the whole kernel: every logit is read and put
@@ -1066,7 +1113,12 @@ if HAS_TRITON:
                 # thr4 = the 8th best of the union of the lanes' 4 best: <= thr, and == thr (no tie
                 # across it either) exactly when a row has TOPK values >= thr4, as checked below;
                 # else (a lane holds more than 4 of the row's 8 best, or a tie) the 8 best a lane
-                tk = tl.where(keep, _union_top8(Lt, lane, BLOCK_M, P, OEM)[7], float("inf"))
+                if PAIRS:
+                    tk = tl.where(keep, _pair_thr8(Lt, lane, BLOCK_M, P), float("inf"))
+                else:
+                    tk = tl.where(keep, _union_top8(Lt, lane, BLOCK_M, P, OEM)[7], float("inf"))
+            elif PAIRS:
+                tk = tl.where(keep, _pair_thr8(Lt, lane, BLOCK_M, P), float("inf"))
             else:
                 tk = _thr8(Lt, keep)
             m = _bits(cv, tk, m0, SP, BY_WORDS=True)
@@ -1075,7 +1127,11 @@ if HAS_TRITON:
             if tl.min(tl.reshape(exact.to(tl.int32), [BLOCK_M * exact.shape[1]]), axis=0) == 0:
                 if TOP4:  # the choices again (kept live, they cost spills), the 8 best a lane, thr
                     c8 = _lane_choices(rowp, bp, lm, BLOCK_M, P, VEC, NCH, HAS_BIAS, FAST_SIGMOID)
-                    tk = _thr8(_kept(_top_sorted(c8, SP, 8), keep), keep)
+                    if PAIRS:
+                        tk = tl.where(keep, _pair_thr8(_kept(_top_sorted(c8, SP, 8), keep), lane, BLOCK_M, P),
+                                      float("inf"))
+                    else:
+                        tk = _thr8(_kept(_top_sorted(c8, SP, 8), keep), keep)
                     m = _bits(c8, tk, m0, SP, BY_WORDS=True)
                     n_take = _popc(m, FAST_SIGMOID, SP)
                 else:
@@ -1088,6 +1144,15 @@ if HAS_TRITON:
                 take_eq = tl.minimum(tl.maximum(need - (tl.cumsum(n_eq, axis=1) - n_eq), 0), n_eq)
                 m = (m ^ m_eq) | _lowest_bits(m_eq, take_eq, TOPK)
                 n_take = n_gt + take_eq
+                if SPLIT_WRITE:
+                    _slots_write(logits_ptr, w_out_ptr, ids_out_ptr, rows64, stride_t, lane, m,
+                                 tl.cumsum(n_take, axis=1) - n_take, scale, ok_st, row_ok, pad, FAST_SIGMOID, BLOCK_M,
+                                 P, SP, TOPK, RENORM, TOPK)
+            else:
+                if SPLIT_WRITE:  # a routed row's lane takes at most 4: 5 >= thr4 would make 9 in the row
+                    _slots_write(logits_ptr, w_out_ptr, ids_out_ptr, rows64, stride_t, lane, m,
+                                 tl.cumsum(n_take, axis=1) - n_take, scale, ok_st, row_ok, pad, FAST_SIGMOID, BLOCK_M,
+                                 P, SP, TOPK, RENORM, 4)
             off = tl.cumsum(n_take, axis=1) - n_take  # first output slot of each lane
         else:
             t2, n_gt, n_eq, take_eq, off = _union_slots(Lt, BLOCK_M, TOPK, True)
@@ -1106,8 +1171,9 @@ if HAS_TRITON:
         # lane takes ~1 expert, so the pop loop below runs ~2 rounds) it measured slower: fp32
         # 32768 25.2 -> 27.7 us.  benchmarks/RESULTS.md.
         if SP <= 32:
-            _slots_write(logits_ptr, w_out_ptr, ids_out_ptr, rows64, stride_t, lane, m, off, scale, ok_st, row_ok,
-                         pad, FAST_SIGMOID, BLOCK_M, P, SP, TOPK, RENORM)
+            if not SPLIT_WRITE:
+                _slots_write(logits_ptr, w_out_ptr, ids_out_ptr, rows64, stride_t, lane, m, off, scale, ok_st,
+                             row_ok, pad, FAST_SIGMOID, BLOCK_M, P, SP, TOPK, RENORM, TOPK)
         else:
             ok2 = ok_st & keep
             obase = rows64 * TOPK
@@ -1253,6 +1319,8 @@ def fused_grouped_topk(
     early_flag: bool | None = None,
     top4: bool | None = None,
     odd_even: bool = False,
+    split_write: bool = False,
+    pair_union: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sigmoid grouped top-k + mask in one launch; returns ``(weights f32, ids i32)``.
 
@@ -1281,6 +1349,11 @@ def fused_grouped_topk(
     again (same results); default (None): where it won, ``top4_served``.
     ``odd_even`` ("regs" with ``top4``): the first round of the lanes' union merges two 4-lists by
     Batcher's odd-even merge (9 compare-exchanges instead of 12; same results); an experiment.
+    ``split_write`` ("regs" with ``top4``, <= 32 logits a lane): the output written in each branch
+    of the block's exactness test, so that the common one knows a lane takes at most 4 experts
+    (3 dependent bit drops a slot instead of 7; same results); an experiment.
+    ``pair_union`` ("regs" with ``short_chain``): the threshold from the lanes' lists merged with
+    a sorted 8 held by two lanes (``_pair_thr8``; same threshold); an experiment.
     """
     tensors = [gating_output] + ([is_padding] if is_padding is not None else [])
     num_tokens, num_experts = gating_output.shape
@@ -1395,7 +1468,10 @@ def fused_grouped_topk(
                 top4 = top4_served(num_tokens, drops, gating_output.dtype.itemsize)
             _grouped_topk_regs_kernel[grid](*args, P=lanes, SP=sp, LPG=lpg, SHORT_CHAIN=short_chain,
                                             EARLY_FLAG=bool(early_flag), TOP4=bool(top4 and short_chain),
-                                            OEM=bool(odd_even), **cap,
+                                            OEM=bool(odd_even),
+                                            SPLIT_WRITE=bool(split_write and top4 and short_chain and sp <= 32),
+                                            PAIRS=bool(pair_union and short_chain and lanes >= 4),
+                                            **cap,
                                             **extra, **common)
     else:
         _grouped_topk_kernel[grid](
