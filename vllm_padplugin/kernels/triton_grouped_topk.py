@@ -525,12 +525,6 @@ if HAS_TRITON:
         return out
 
     @triton.jit
-    def _thr8(L8, keep):
-        """The 8th best of the union of the lanes' descending 8-lists ``L8`` ([BM, 1]; +inf in the
-        lanes of dropped groups, which take nothing)."""
-        return tl.where(keep, tl.reduce(L8, 1, _merge8)[7][:, None], float("inf"))
-
-    @triton.jit
     def _merge44(c):
         """Two descending 4-lists ``c[0:4]``, ``c[4:8]`` merged into a descending 8: Batcher's
         odd-even merge, 9 compare-exchanges (a bitonic merge takes 12)."""
@@ -610,6 +604,20 @@ if HAS_TRITON:
                 t = tl.minimum(tl.minimum(m[0], m[1]), tl.minimum(m[2], m[3]))
                 c = (tl.minimum(t, tl.gather(t, o, 1)),)
         return c[0]
+
+    @triton.jit
+    def _lanes_thr(L, keep, lane, BM: tl.constexpr, P: tl.constexpr, PAIRS: tl.constexpr, OEM: tl.constexpr):
+        """The 8th best of the union of the lanes' descending lists ``L`` (4 or 8 [BM, P] columns);
+        +inf in the lanes of dropped groups (``keep`` false), which take nothing.  ``PAIRS``:
+        ``_pair_thr8``; else a butterfly (4-lists: ``_union_top8``; 8-lists: ``tl.reduce`` with
+        ``_merge8``)."""
+        if PAIRS:
+            t = _pair_thr8(L, lane, BM, P)
+        elif len(L) == 4:
+            t = _union_top8(L, lane, BM, P, OEM)[7]
+        else:
+            t = tl.reduce(L, 1, _merge8)[7][:, None]
+        return tl.where(keep, t, float("inf"))
 
     @triton.jit
     def _union_slots(Lt, BM: tl.constexpr, TOPK: tl.constexpr, BFLY: tl.constexpr):
@@ -1109,29 +1117,17 @@ if HAS_TRITON:
             # a row's values >= thr are its taken experts when there are exactly TOPK of them (no
             # tie across its threshold): count them; only a block where some routed row has more
             # counts each lane's values above and at thr and takes the ties lowest id first
-            if TOP4:
-                # thr4 = the 8th best of the union of the lanes' 4 best: <= thr, and == thr (no tie
-                # across it either) exactly when a row has TOPK values >= thr4, as checked below;
-                # else (a lane holds more than 4 of the row's 8 best, or a tie) the 8 best a lane
-                if PAIRS:
-                    tk = tl.where(keep, _pair_thr8(Lt, lane, BLOCK_M, P), float("inf"))
-                else:
-                    tk = tl.where(keep, _union_top8(Lt, lane, BLOCK_M, P, OEM)[7], float("inf"))
-            elif PAIRS:
-                tk = tl.where(keep, _pair_thr8(Lt, lane, BLOCK_M, P), float("inf"))
-            else:
-                tk = _thr8(Lt, keep)
+            # with TOP4, thr4 = the 8th best of the union of the lanes' 4 best: <= thr, and == thr (no
+            # tie across it either) exactly when a row has TOPK values >= thr4, as checked below;
+            # else (a lane holds more than 4 of the row's 8 best, or a tie) the 8 best a lane
+            tk = _lanes_thr(Lt, keep, lane, BLOCK_M, P, PAIRS, OEM)
             m = _bits(cv, tk, m0, SP, BY_WORDS=True)
             n_take = _popc(m, FAST_SIGMOID, SP)
             exact = (tl.sum(n_take, axis=1)[:, None] == TOPK) | (ok_st == 0)
             if tl.min(tl.reshape(exact.to(tl.int32), [BLOCK_M * exact.shape[1]]), axis=0) == 0:
                 if TOP4:  # the choices again (kept live, they cost spills), the 8 best a lane, thr
                     c8 = _lane_choices(rowp, bp, lm, BLOCK_M, P, VEC, NCH, HAS_BIAS, FAST_SIGMOID)
-                    if PAIRS:
-                        tk = tl.where(keep, _pair_thr8(_kept(_top_sorted(c8, SP, 8), keep), lane, BLOCK_M, P),
-                                      float("inf"))
-                    else:
-                        tk = _thr8(_kept(_top_sorted(c8, SP, 8), keep), keep)
+                    tk = _lanes_thr(_kept(_top_sorted(c8, SP, 8), keep), keep, lane, BLOCK_M, P, PAIRS, OEM)
                     m = _bits(c8, tk, m0, SP, BY_WORDS=True)
                     n_take = _popc(m, FAST_SIGMOID, SP)
                 else:
