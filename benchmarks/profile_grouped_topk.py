@@ -154,8 +154,8 @@ def common_path(ins: list[tuple[str, str]]) -> int | None:
     """Instructions a "regs" thread executes when no row of its block has a tie at its threshold:
     those up to the last exit less the tie path, i.e. the longer of the two regions the branch
     after the block-wide tie test (``REDUX``) chooses between, or, where each ends in its own exit,
-    the shorter (straight-line code: a loop body,
-    Kimi-style's pop loop, counts once).  None where the SASS has no such branch."""
+    the shorter (straight-line code: a loop body, Kimi-style's pop loop, counts once).  None where
+    the SASS has no such branch."""
     import re
 
     idx = lambda a: int(a, 16) // 16  # noqa: E731 - SASS instructions are 16 bytes apart

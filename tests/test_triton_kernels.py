@@ -296,11 +296,13 @@ def test_regs_experiments_change_no_bit_under_triton_interpreter(experiment):
     """``odd_even`` merges the lanes' 4-lists by another network, ``split_write`` writes the output
     in each branch of the exactness test (at most 4 taken a lane in the common one), ``pair_union``
     merges the lanes' lists with a sorted 8 held by two lanes: every output bit as without it
-    (both routers, fp32 / bf16, 8 / 16 lanes, the short chain with top 4 and 8, a mask; rows whose
-    8 best crowd into few lanes too, so that top4's fallback runs).  A wrong network could not
-    change a result either (a threshold with exactly 8 choices at or above it is always the
-    right one; any other sends the block to the fallback): that it is a merge was checked by the
-    0-1 principle when it was written; only a device run says whether it pays."""
+    (both routers, fp32 / bf16, 8 / 16 / 32 lanes, the short chain with top 4 and 8, a mask; rows
+    whose 8 best crowd into few lanes, so that top4's fallback runs, and rows with 4 of them in one
+    lane, top4's common path at split_write's bound).  A wrong ``odd_even`` network could not change
+    a result (a threshold with exactly 8 choices at or above it is always the right one; any other
+    sends the block to the fallback): that it is a merge was checked by the 0-1 principle when it
+    was written.  A wrong partner lane in ``pair_union`` or too small a bound in ``split_write``
+    fails here (checked by editing the kernel).  Only a device run says whether they pay."""
     _run_interpreted(
         """
         import torch
@@ -577,8 +579,9 @@ def test_gpu_regs_wide_lanes_matches_reference(E, G, TG, K, scale, T, dtype, lan
 def test_gpu_regs_variants_match_reference(E, G, TG, K, scale, T, dtype, variant):
     """The "regs" variants benchmarks/kernel_ab.py and mask_cost.py time against the served build
     (the long and the short chain, each forced; the flag loaded early; lanes keeping their 4 or 8
-    best, forced; top4's odd-even merge, its split write; the union by pairs of lanes), at the sizes they time, with a bias and a mask; integer logits (ties everywhere,
-    so top4's fallback) too."""
+    best, forced; top4's odd-even merge, its split write; the union by pairs of lanes), at the
+    sizes they time, with a bias and a mask; integer logits (ties everywhere, so top4's fallback)
+    too."""
     _regs_matches_reference(E, G, TG, K, scale, T, dtype, T + E + 3, **variant)
 
 

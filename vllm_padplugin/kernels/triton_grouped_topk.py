@@ -566,7 +566,8 @@ if HAS_TRITON:
         """The 8th best of the union of the P lanes' descending lists ``L`` (4 or 8 [BM, P] columns),
         in every lane, with a sorted 8 held by a pair of lanes (2q: its best 4, 2q + 1: the next
         4): a merge round then moves 4 values a lane instead of 8 and sorts 4 where
-        ``_merge8`` sorts 8 (SASS: ~40 -> ~24 instructions a round).  Merging two pairs, a lane
+        ``_merge8`` sorts 8 (SASS: ~40 -> ~28 instructions a round; ptxas issues the pair's
+        half-cleaner as a max and a predicated min).  Merging two pairs, a lane
         takes the other pair's half of the other rank, reversed (lane ^ 2^r ^ 1); the 8 maxima
         form a bitonic 8 that a half-cleaner across the pair (lane ^ 1: the upper lane keeps the
         max, the lower the min) and a bitonic sort of 4 a lane put in order.  The first round
