@@ -29,11 +29,15 @@ per row; weights per id within 1e-5; rows that differ must be near-ties, see
 
 ``--tune`` times every entry of SWEEP (kernel, block, warps) per case, each checked against the
 reference first, and the full table then uses the fastest correct one (the committed
-``default_config`` is set from such a run).
+``default_config`` is set from such a run).  ``--launch KEY=VALUE,...`` gives every fused launch
+more ``fused_grouped_topk`` keyword arguments: the table of an experiment as if it were served,
+before it is (``--launch pair_union=True,split_write=True``); the JSON records them.
 """
 from __future__ import annotations
 
 import argparse
+import ast
+import inspect
 import json
 import math
 import statistics
@@ -376,8 +380,30 @@ def plot_pct(doc: dict, path: str, series, *, ylabel: str, title: str, band=None
     fig.savefig(path, dpi=110)
 
 
+def parse_kwargs(text: str) -> dict:
+    """``"top4=True,block_m=2"`` -> ``{"top4": True, "block_m": 2}``: ``fused_grouped_topk`` keyword
+    arguments the benchmark leaves to the kernel's defaults (not the router's, the mask or ``out``),
+    values Python literals; anything else an ``argparse.ArgumentTypeError`` naming it."""
+    params = inspect.signature(fused_grouped_topk).parameters
+    set_here = {"topk", "num_expert_group", "topk_group", "renormalize", "routed_scaling_factor", "is_padding", "out"}
+    known = {n for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY} - set_here
+    kw = {}
+    for item in filter(None, text.split(",")):
+        key, eq, value = (x.strip() for x in item.partition("="))
+        try:
+            kw[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            raise argparse.ArgumentTypeError(f"{item!r}: want KEY=<Python literal>") from None
+        if not (eq and key.isidentifier()):
+            raise argparse.ArgumentTypeError(f"{item!r}: want KEY=<Python literal>")
+        if key not in known:
+            raise argparse.ArgumentTypeError(f"{key!r}: not one of fused_grouped_topk's launch options "
+                                             f"{sorted(known)}")
+    return kw
+
+
 def bench_route(router: str, dname: str, T: int, dev: str, gen: torch.Generator, bw: float,
-                vllm_fn, sweep: tuple) -> dict:
+                vllm_fn, sweep: tuple, launch: dict | None = None) -> dict:
     cfg = ROUTERS[router]
     dtype = DTYPES[dname]
     E, k = cfg["num_experts"], cfg["topk"]
@@ -397,7 +423,7 @@ def bench_route(router: str, dname: str, T: int, dev: str, gen: torch.Generator,
     if sweep:
         res["sweep"] = []
         for skern, sbm, snw, smerge in sweep:
-            skw = dict(kw, kernel=skern, block_m=sbm, num_warps=snw, merge=smerge)
+            skw = dict(kw, kernel=skern, block_m=sbm, num_warps=snw, merge=smerge, **(launch or {}))
             entry = {"kernel": skern, "block_m": sbm, "num_warps": snw, "merge": smerge}
             try:
                 chk = check_output(lambda: fused_grouped_topk(logits, bias, is_padding=mask, out=out, **skw),
@@ -411,7 +437,7 @@ def bench_route(router: str, dname: str, T: int, dev: str, gen: torch.Generator,
         best = min(ok, key=lambda s: s["us"])
         kern, bm, nw, merge = best["kernel"], best["block_m"], best["num_warps"], best["merge"]
     res["config"] = {"kernel": kern, "block_m": bm, "num_warps": nw, "merge": merge}
-    fkw = dict(kw, kernel=kern, block_m=bm, num_warps=nw, merge=merge)
+    fkw = dict(kw, kernel=kern, block_m=bm, num_warps=nw, merge=merge, **(launch or {}))
 
     res["check"] = check_output(lambda: fused_grouped_topk(logits, bias, is_padding=mask, out=out, **fkw),
                                 out, rw, ri, choice, cfg, mask[:T])
@@ -502,7 +528,8 @@ def plot(doc: dict, path: str) -> None:
 
 def print_tables(doc: dict) -> None:
     print(f"\n{doc['device']}  torch {doc['torch']}  triton {doc['triton']}  copy bandwidth "
-          f"{doc['copy_bandwidth']['GBps']:.0f} GB/s (µs per MoE layer call, CUDA-graph replay, median)")
+          f"{doc['copy_bandwidth']['GBps']:.0f} GB/s (µs per MoE layer call, CUDA-graph replay, median)"
+          + (f"; every fused launch + {doc['launch']}" if doc.get("launch") else ""))
     print(f"{'T':>6} {'upstream pair':>14} {'in-place pair':>14} {'Triton':>8} {'Triton/upstream':>16} {'bit-identical':>14}")
     for r in doc["mask"]:
         print(f"{r['T']:>6} {r['upstream_pair']['median_us']:>14.2f} {r['inplace_pair']['median_us']:>14.2f} "
@@ -547,6 +574,8 @@ def main() -> int:
     ap.add_argument("--vllm-cases", nargs="*", default=None,
                     help="router:dtype pairs to time vLLM on (default all; each is one torch.compile)")
     ap.add_argument("--skip-mask-table", action="store_true")
+    ap.add_argument("--launch", type=parse_kwargs, default={}, metavar="KEY=VALUE,...",
+                    help="more fused_grouped_topk keyword arguments for every fused launch (an experiment as if served)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--plot", default=None)
     args = ap.parse_args()
@@ -573,8 +602,8 @@ def main() -> int:
     bwd = copy_bandwidth(dev)
     doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "k": K, "pad_fraction": PAD_FRACTION, "copy_bandwidth": bwd, "vllm": vllm_desc, "tuned": args.tune,
-           "mask": [], "route": []}
-    print(f"copy bandwidth {bwd['GBps']:.0f} GB/s; {vllm_desc}", flush=True)
+           "launch": args.launch, "mask": [], "route": []}
+    print(f"copy bandwidth {bwd['GBps']:.0f} GB/s; {vllm_desc}; fused launches + {args.launch}", flush=True)
     if not args.skip_mask_table:
         for T in args.tokens:
             doc["mask"].append(bench_mask(T, dev, gen))
@@ -583,7 +612,8 @@ def main() -> int:
             for T in args.tokens:
                 t0 = time.perf_counter()
                 vfn = vllm_fn if args.vllm_cases is None or f"{router}:{dname}" in args.vllm_cases else None
-                doc["route"].append(bench_route(router, dname, T, dev, gen, bwd["GBps"] * 1e9, vfn, sweep))
+                doc["route"].append(bench_route(router, dname, T, dev, gen, bwd["GBps"] * 1e9, vfn, sweep,
+                                                args.launch))
                 r = doc["route"][-1]
                 print(f"  {router} {dname} T={T}: fused {r['fused']['median_us']:.2f} µs "
                       f"(limit {r['limit_us']:.2f}) vllm {r.get('vllm', {}).get('median_us', float('nan')):.1f} "

@@ -28,7 +28,6 @@ checkout of 27ecdaf) timed against that tree's served build: ``--candidate pe:pa
 from __future__ import annotations
 
 import argparse
-import ast
 import sys
 from pathlib import Path
 
@@ -36,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_masking import (copy_bandwidth, interleaved_args, interleaved_cases, interleaved_doc,  # noqa: E402
-                         mismatch_status, pct_cell, plot_pct)
+                         mismatch_status, parse_kwargs, pct_cell, plot_pct)
 
 TOKENS = (16, 256, 1024, 4096, 16384, 32768)
 CANDIDATES = {"long_chain": {"short_chain": False}, "short_chain": {"short_chain": True}}
@@ -47,16 +46,7 @@ def parse_candidate(text: str) -> tuple[str, dict]:
     name, sep, kws = text.partition(":")
     if not name.isidentifier() or name in ("served", "again") or not sep:
         raise argparse.ArgumentTypeError(f"{text!r}: want NAME:KEY=VALUE,... (NAME not served/again)")
-    kw = {}
-    for item in filter(None, kws.split(",")):
-        key, eq, value = item.partition("=")
-        try:
-            kw[key.strip()] = ast.literal_eval(value.strip())
-        except (ValueError, SyntaxError):
-            raise argparse.ArgumentTypeError(f"{item!r}: want KEY=<Python literal>") from None
-        if not (eq and key.strip().isidentifier()):
-            raise argparse.ArgumentTypeError(f"{item!r}: want KEY=<Python literal>")
-    return name, kw
+    return name, parse_kwargs(kws)
 
 
 def variants(padding: str | None, candidates: dict[str, dict] | None = None) -> dict[str, dict]:

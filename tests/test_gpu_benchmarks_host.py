@@ -14,6 +14,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -21,6 +22,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import gpu_masking  # noqa: E402
+import gpu_session  # noqa: E402
 import kernel_ab  # noqa: E402
 import mask_cost  # noqa: E402
 
@@ -65,9 +67,27 @@ def test_candidate_argument_parses_literals_and_rejects_the_rest():
     assert kernel_ab.parse_candidate("top4:short_chain=True,top4=1") == ("top4", {"short_chain": True, "top4": 1})
     calls = kernel_ab.variants("none", dict([kernel_ab.parse_candidate("x:block_m=2")]))
     assert list(calls) == ["served", "again", "x"] and calls["x"] == {"block_m": 2, "padding": "none"}
-    for bad in ("top4", "served:a=1", "x:a", "x:a=b c", "x:1=2"):
-        with pytest.raises(kernel_ab.argparse.ArgumentTypeError):
-            kernel_ab.parse_candidate(bad)
+    for bad in ("top4", "served:a=1", "x:top4", "x:top4=b c", "x:1=2", "x:nope=1", "x:topk=8"):
+        with pytest.raises(kernel_ab.argparse.ArgumentTypeError):  # not a keyword argument of the kernel's
+            kernel_ab.parse_candidate(bad)                         # launch: named, not silently ignored
+
+
+def test_launch_reaches_every_fused_launch_of_the_table(fake_graphs, monkeypatch):
+    """``gpu_masking.py --launch``: the table of an experiment as if served; its keyword
+    arguments must reach every timed ``fused_grouped_topk`` call (the real function, watched)."""
+    launch = gpu_masking.parse_kwargs("pair_union=True,split_write=True")
+    seen = []
+    real = gpu_masking.fused_grouped_topk
+
+    def watched(*a, **kw):
+        seen.append(kw)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(gpu_masking, "fused_grouped_topk", watched)
+    r = gpu_masking.bench_route("deepseek-v3", "fp32", 24, "cpu", torch.Generator().manual_seed(0), 1e9, None, (),
+                                launch)
+    assert gpu_masking.output_ok(r["check"]) and len(seen) >= 7
+    assert all(kw["pair_union"] is True and kw["split_write"] is True for kw in seen)
 
 
 def test_tables_plots_and_json(fake_graphs, tmp_path, capsys):
@@ -96,3 +116,58 @@ def test_scripts_say_no_device_and_exit_2():
         p = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", script), "--tokens", "16"],
                            capture_output=True, text=True, timeout=300)
         assert p.returncode == 2 and "no CUDA device" in p.stderr, (script, p.stderr[-500:])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _stage(name, code, limit_s=30.0, min_s=0.0):
+    return gpu_session.Stage(name, ("{py}", "-c", code), limit_s, min_s)
+
+
+def test_session_runs_stages_in_order_kills_at_the_deadline_and_skips_what_has_no_time(tmp_path):
+    """Real subprocesses: a stage past its limit is killed with what it started (its child's
+    sleep would hold the pipe open) and its output so far kept; a stage needing more than is
+    left of the budget is skipped and said so; the next one still runs."""
+    hang = ("import subprocess, sys, time; print('started', flush=True); sys.stdout.write('no newline'); "
+            "sys.stdout.flush(); subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+            "time.sleep(60)")
+    pid_file = tmp_path / "child.pid"
+    leave = ("import subprocess, sys; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+             f"open({str(pid_file)!r}, 'w').write(str(c.pid))")
+    plan = [_stage("first", "print('one')"), _stage("hang", hang, limit_s=2), _stage("greedy", "pass", min_s=1e6),
+            _stage("leaves", leave, limit_s=20), _stage("last", "import sys; print('{out}' != ''); sys.exit(3)")]
+    t0 = time.monotonic()
+    recs = gpu_session.run_plan(plan, tmp_path / "out", budget_s=60)
+    assert time.monotonic() - t0 < 15  # "leaves" ended at once: its child holding the pipe is not waited for
+    assert [(r["stage"], r["rc"], r["timed_out"]) for r in recs] == [
+        ("first", 0, False), ("hang", -9, True), ("greedy", None, False), ("leaves", 0, False), ("last", 3, False)]
+    child, deadline = int(pid_file.read_text()), time.monotonic() + 5
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child)  # killed with its stage, not left to run beside the next one
+    assert "needs 1000000" in recs[2]["skipped"]
+    assert (tmp_path / "out" / "first.txt").read_text() == "one\n"
+    assert (tmp_path / "out" / "hang.txt").read_text() == "started\nno newline"
+    assert json.loads((tmp_path / "out" / "session.json").read_text()) == recs
+
+
+def test_session_plan_parses_on_this_machine(tmp_path):
+    """Every benchmark stage of the committed plan gets past its argument parsing here and stops
+    only for want of a GPU (exit 2, "no CUDA device"): a typo in the plan shows before a scarce
+    device call would spend its time on it."""
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here: the plan would measure")
+    plan = [s for s in gpu_session.PLAN if "pytest" not in s.argv]
+    assert plan and len(plan) < len(gpu_session.PLAN)
+    recs = gpu_session.run_plan(plan, tmp_path, budget_s=600)
+    for stage, rec in zip(plan, recs):
+        text = (tmp_path / f"{stage.name}.txt").read_text()
+        assert rec["rc"] == 2 and "no CUDA device" in text and "error:" not in text, (stage.name, text[-800:])
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu_session.py"), "--only", "nope"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "no stage ['nope']" in p.stderr

@@ -1,0 +1,156 @@
+"""One device call that runs the next GPU measurements in stages, each under its own time limit.
+
+Why: device time is 30 minutes a session, a start often fails (RESULTS.md: whole sessions got no
+GPU), and a call's files come back only when it ends.  So one call does everything, every stage
+gets a deadline inside the call's budget, a stage whose time is gone is skipped (said so, not
+silently), and each stage's output lands under ``--out`` as soon as it is written.  The stage
+list lives here, in the repository, so a new checkout can send it without rebuilding anything.
+
+``PLAN`` is what issue 11 needs next: the A/B of the two "regs" experiments (``pair_union``,
+``split_write``) against the served build, their GPU variant tests, then the served table with
+both on (``gpu_masking.py --launch``), vLLM's own grouped top-k beside it where the release
+archive of ``ci/device_pack.py`` / RESULTS.md travelled.  The rule to serve a variant stays
+the A/B's (median < -1 %, 90th percentile < 0).
+
+    python benchmarks/gpu_session.py --out "$OUT"               # on the device (run tool)
+    python benchmarks/gpu_session.py --out "$OUT" --budget 240 --only ab tests
+    python benchmarks/gpu_session.py --list
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+VLLM_SRC = ".device/vllm-0.32.0-grouped_topk.tar.xz"
+
+
+@dataclass(frozen=True)
+class Stage:
+    """``argv`` (``{py}`` = this Python, ``{out}`` = the output folder) run from the repository root
+    for at most ``limit_s``; skipped when less than ``min_s`` of the call's budget is left."""
+    name: str
+    argv: tuple[str, ...]
+    limit_s: float
+    min_s: float = 30.0
+
+
+EXPERIMENTS = "pair_union=True,split_write=True"
+PLAN = (
+    Stage("ab", ("{py}", "benchmarks/kernel_ab.py", "--tokens", "256", "4096", "16384", "32768", "--rounds", "15",
+                 "--candidate", "pr:pair_union=True", "--candidate", f"prsw:{EXPERIMENTS}",
+                 "--candidate", f"l16t4:block_m=2,top4=True,{EXPERIMENTS}",
+                 "--json", "{out}/kernel_ab.json", "--plot", "{out}/kernel_ab.png"), 240, 60),
+    Stage("tests", ("{py}", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_triton_kernels.py",
+                    "-k", "gpu and variants and (split_write or pair_union)"), 120),
+    Stage("served_with_experiments", ("{py}", "benchmarks/gpu_masking.py", "--skip-mask-table",
+                                      "--tokens", "16", "256", "4096", "16384", "32768", "--launch", EXPERIMENTS,
+                                      "--vllm-src", VLLM_SRC, "--json", "{out}/gpu_masking.json",
+                                      "--plot", "{out}/gpu_masking.png"), 200, 60),
+)
+
+
+def command(stage: Stage, out: Path) -> list[str]:
+    """The stage's argv filled in; ``--vllm-src X`` dropped where X did not travel."""
+    argv = [a.format(py=sys.executable, out=out) for a in stage.argv]
+    if "--vllm-src" in argv:
+        i = argv.index("--vllm-src")
+        if not (ROOT / argv[i + 1]).exists():
+            del argv[i:i + 2]
+    return argv
+
+
+def run_plan(plan, out: Path, budget_s: float, clock=time.monotonic) -> list[dict]:
+    """Runs ``plan`` in order within ``budget_s`` seconds; a stage's stdout + stderr go to
+    ``out/<name>.txt`` (and to ours); returns one record a stage: rc (None: skipped), seconds,
+    timed_out, and why where skipped."""
+    out.mkdir(parents=True, exist_ok=True)
+    start, records = clock(), []
+    for stage in plan:
+        left = budget_s - (clock() - start)
+        rec = {"stage": stage.name, "rc": None, "seconds": 0.0, "timed_out": False}
+        if left < stage.min_s:
+            rec["skipped"] = f"{left:.0f} s of the budget left, the stage needs {stage.min_s:.0f}"
+            print(f"== {stage.name}: skipped ({rec['skipped']})", flush=True)
+        else:
+            _run_stage(stage, out, min(stage.limit_s, left), rec, clock)
+        records.append(rec)
+        (out / "session.json").write_text(json.dumps(records, indent=1))
+    return records
+
+
+def _run_stage(stage: Stage, out: Path, limit: float, rec: dict, clock) -> None:
+    """Runs one stage for at most ``limit`` seconds into ``rec``."""
+    argv = command(stage, out)
+    print(f"== {stage.name} (at most {limit:.0f} s): {' '.join(argv)}", flush=True)
+    t0 = clock()
+    with open(out / f"{stage.name}.txt", "wb") as log:
+        proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            _tee(proc, log, t0 + limit, clock)
+            proc.wait(timeout=max(0.0, t0 + limit - clock()))
+        except subprocess.TimeoutExpired:
+            rec["timed_out"] = True
+        finally:  # what it started goes too, so that nothing of it runs beside the next stage
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            proc.stdout.close()
+    rec.update(rc=proc.returncode, seconds=round(clock() - t0, 1))
+    print(f"== {stage.name}: rc {rec['rc']}{' (timed out)' if rec['timed_out'] else ''} in {rec['seconds']} s",
+          flush=True)
+
+
+def _tee(proc: subprocess.Popen, log, deadline: float, clock) -> None:
+    """Copies ``proc``'s output to ``log`` and our stdout as it comes (pytest's dots end no line)
+    until the output ends or ``deadline`` passes."""
+    fd = proc.stdout.fileno()
+    while (left := deadline - clock()) > 0:
+        if not select.select([fd], [], [], min(1.0, left))[0]:
+            if proc.poll() is not None:  # it ended; something it started holds the pipe open
+                return
+            continue
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return
+        log.write(chunk)
+        log.flush()
+        sys.stdout.buffer.write(chunk)
+        sys.stdout.flush()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, help="folder for the stages' output ($OUT on the device)")
+    ap.add_argument("--budget", type=float, default=540, help="seconds for the whole call (default 540)")
+    ap.add_argument("--only", nargs="*", default=None, metavar="STAGE", help="run only these stages, in PLAN's order")
+    ap.add_argument("--list", action="store_true", help="print the stages and exit")
+    args = ap.parse_args()
+    names = [s.name for s in PLAN]
+    unknown = sorted(set(args.only or ()) - set(names))
+    if unknown:
+        ap.error(f"--only: no stage {unknown}; stages: {names}")
+    plan = [s for s in PLAN if args.only is None or s.name in args.only]
+    if args.list:
+        for s in plan:
+            print(f"{s.name:<24} <= {s.limit_s:>4.0f} s  {' '.join(command(s, Path('OUT')))}")
+        return 0
+    if args.out is None:
+        ap.error("--out is needed (or --list)")
+    records = run_plan(plan, args.out, args.budget)
+    print(json.dumps(records))
+    return 0 if all(r["rc"] == 0 for r in records) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
