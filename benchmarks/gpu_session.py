@@ -3,14 +3,16 @@
 Why: device time is 30 minutes a session, a start often fails (RESULTS.md: whole sessions got no
 GPU), and a call's files come back only when it ends.  So one call does everything, every stage
 gets a deadline inside the call's budget, a stage whose time is gone is skipped (said so, not
-silently), and each stage's output lands under ``--out`` as soon as it is written.  The stage
+silently), and a stage stopped at its deadline keeps what it wrote under ``--out``.  The stage
 list lives here, in the repository, so a new checkout can send it without rebuilding anything.
 
 ``PLAN`` is what issue 11 needs next: the A/B of the two "regs" experiments (``pair_union``,
 ``split_write``) against the served build, their GPU variant tests, then the served table with
-both on (``gpu_masking.py --launch``), vLLM's own grouped top-k beside it where the release
-archive of ``ci/device_pack.py`` / RESULTS.md travelled.  The rule to serve a variant stays
-the A/B's (median < -1 %, 90th percentile < 0).
+both on (``gpu_masking.py --launch``), vLLM's own grouped top-k beside it where ``VLLM_SRC``
+travelled (carry ``.device``; the two vLLM files ``benchmarks/vllm_grouped_topk.py`` reads:
+``tar -C <vLLM 0.32.0 release tree> -cJf .device/vllm-0.32.0-grouped_topk.tar.xz
+vllm/model_executor/layers/fused_moe/router/grouped_topk_router.py vllm/model_executor/utils.py``).
+The rule to serve a variant stays the A/B's (median < -1 %, 90th percentile < 0).
 
     python benchmarks/gpu_session.py --out "$OUT"               # on the device (run tool)
     python benchmarks/gpu_session.py --out "$OUT" --budget 240 --only ab tests
