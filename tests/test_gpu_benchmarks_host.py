@@ -68,8 +68,8 @@ def test_candidate_argument_parses_literals_and_rejects_the_rest():
     calls = kernel_ab.variants("none", dict([kernel_ab.parse_candidate("x:block_m=2")]))
     assert list(calls) == ["served", "again", "x"] and calls["x"] == {"block_m": 2, "padding": "none"}
     for bad in ("top4", "served:a=1", "x:top4", "x:top4=b c", "x:1=2", "x:nope=1", "x:topk=8"):
-        with pytest.raises(kernel_ab.argparse.ArgumentTypeError):  # not a keyword argument of the kernel's
-            kernel_ab.parse_candidate(bad)                         # launch: named, not silently ignored
+        with pytest.raises(kernel_ab.argparse.ArgumentTypeError):  # malformed, or not one of the kernel's
+            kernel_ab.parse_candidate(bad)                         # launch options: an error, never ignored
 
 
 def test_launch_reaches_every_fused_launch_of_the_table(fake_graphs, monkeypatch):
