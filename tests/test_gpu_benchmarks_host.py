@@ -129,10 +129,11 @@ def _stage(name, code, limit_s=30.0, min_s=0.0):
     return gpu_session.Stage(name, ("{py}", "-c", code), limit_s, min_s)
 
 
-def test_session_runs_stages_in_order_kills_at_the_deadline_and_skips_what_has_no_time(tmp_path):
+def test_session_runs_stages_in_order_kills_at_the_deadline_and_skips_what_has_no_time(tmp_path, capsys):
     """Real subprocesses: a stage past its limit is killed with what it started (its child's
     sleep would hold the pipe open) and its output so far kept; a stage needing more than is
-    left of the budget is skipped and said so; the next one still runs."""
+    left of the budget is skipped and said so; the next one still runs; a ``--vllm-src`` that is
+    not here is dropped with a line that says so."""
     hang = ("import subprocess, sys, time; print('started', flush=True); sys.stdout.write('no newline'); "
             "sys.stdout.flush(); subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
             "time.sleep(60)")
@@ -140,12 +141,17 @@ def test_session_runs_stages_in_order_kills_at_the_deadline_and_skips_what_has_n
     leave = ("import subprocess, sys; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
              f"open({str(pid_file)!r}, 'w').write(str(c.pid))")
     plan = [_stage("first", "print('one')"), _stage("hang", hang, limit_s=2), _stage("greedy", "pass", min_s=1e6),
-            _stage("leaves", leave, limit_s=20), _stage("last", "import sys; print('{out}' != ''); sys.exit(3)")]
+            _stage("leaves", leave, limit_s=20), _stage("last", "import sys; print('{out}' != ''); sys.exit(3)"),
+            gpu_session.Stage("src", ("{py}", "-c", "import sys; print(sys.argv[1:])", "--vllm-src", "no/such.tar.xz",
+                                      "x"), 30, 0)]
     t0 = time.monotonic()
     recs = gpu_session.run_plan(plan, tmp_path / "out", budget_s=60)
     assert time.monotonic() - t0 < 15  # "leaves" ended at once: its child holding the pipe is not waited for
     assert [(r["stage"], r["rc"], r["timed_out"]) for r in recs] == [
-        ("first", 0, False), ("hang", -9, True), ("greedy", None, False), ("leaves", 0, False), ("last", 3, False)]
+        ("first", 0, False), ("hang", -9, True), ("greedy", None, False), ("leaves", 0, False), ("last", 3, False),
+        ("src", 0, False)]
+    assert (tmp_path / "out" / "src.txt").read_text() == "['x']\n"  # a --vllm-src that did not travel: dropped,
+    assert "no/such.tar.xz did not travel" in capsys.readouterr().out  # and said so
     child, deadline = int(pid_file.read_text()), time.monotonic() + 5
     while _alive(child) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -170,4 +176,4 @@ def test_session_plan_parses_on_this_machine(tmp_path):
         assert rec["rc"] == 2 and "no CUDA device" in text and "error:" not in text, (stage.name, text[-800:])
     p = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu_session.py"), "--only", "nope"],
                        capture_output=True, text=True, timeout=60)
-    assert p.returncode == 2 and "no stage ['nope']" in p.stderr
+    assert p.returncode == 2 and "invalid choice: 'nope'" in p.stderr
