@@ -6,16 +6,16 @@ gets a deadline inside the call's budget, a stage whose time is gone is skipped 
 silently), and a stage stopped at its deadline keeps what it wrote under ``--out``.  The stage
 list lives here, in the repository, so a new checkout can send it without rebuilding anything.
 
-``PLAN`` is what issue 11 needs next: the A/B of the two "regs" experiments (``pair_union``,
-``split_write``) against the served build, their GPU variant tests, then the served table with
-both on (``gpu_masking.py --launch``), vLLM's own grouped top-k beside it where ``VLLM_SRC``
-travelled (carry ``.device``; the two vLLM files ``benchmarks/vllm_grouped_topk.py`` reads:
-``tar -C <vLLM 0.32.0 release tree> -cJf .device/vllm-0.32.0-grouped_topk.tar.xz
-vllm/model_executor/layers/fused_moe/router/grouped_topk_router.py vllm/model_executor/utils.py``).
-The rule to serve a variant stays the A/B's (median < -1 %, 90th percentile < 0).
+``PLAN`` is what issue 11 needs next: the served table (``gpu_masking.py``) with vLLM's own grouped
+top-k beside it where ``VLLM_SRC`` travelled (carry ``.device``; the two vLLM files
+``benchmarks/vllm_grouped_topk.py`` reads: ``tar -C <vLLM 0.32.0 release tree> -cJf
+.device/vllm-0.32.0-grouped_topk.tar.xz vllm/model_executor/layers/fused_moe/router/grouped_topk_router.py
+vllm/model_executor/utils.py``), the GPU tests of the served path and its variants, then the mask's
+cost timed interleaved (``mask_cost.py``).  (The plan before it, the A/B of ``pair_union`` /
+``split_write``, ran on an H100 on 2026-12-07: benchmarks/RESULTS.md.)
 
     python benchmarks/gpu_session.py --out "$OUT"               # on the device (run tool)
-    python benchmarks/gpu_session.py --out "$OUT" --budget 240 --only ab tests
+    python benchmarks/gpu_session.py --out "$OUT" --budget 240 --only served tests
     python benchmarks/gpu_session.py --list
 """
 from __future__ import annotations
@@ -46,18 +46,17 @@ class Stage:
     min_s: float = 30.0
 
 
-EXPERIMENTS = "pair_union=True,split_write=True"
+SERVED_TESTS = ("gpu and ((matches_reference or wide_lanes or ties_lowest_id or in_cuda_graph) and not tile"
+                " and not rows and not parts and not variants or variants and (top4 or pair_union))")
 PLAN = (
-    Stage("ab", ("{py}", "benchmarks/kernel_ab.py", "--tokens", "256", "4096", "16384", "32768", "--rounds", "15",
-                 "--candidate", "pr:pair_union=True", "--candidate", f"prsw:{EXPERIMENTS}",
-                 "--candidate", f"l16t4:block_m=2,top4=True,{EXPERIMENTS}",
-                 "--json", "{out}/kernel_ab.json", "--plot", "{out}/kernel_ab.png"), 240, 60),
+    Stage("served", ("{py}", "benchmarks/gpu_masking.py", "--skip-mask-table",
+                     "--tokens", "16", "256", "1024", "4096", "8192", "16384", "32768",
+                     "--vllm-src", VLLM_SRC, "--json", "{out}/gpu_masking.json",
+                     "--plot", "{out}/gpu_masking.png"), 200, 60),
     Stage("tests", ("{py}", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_triton_kernels.py",
-                    "-k", "gpu and variants and (split_write or pair_union)"), 120),
-    Stage("served_with_experiments", ("{py}", "benchmarks/gpu_masking.py", "--skip-mask-table",
-                                      "--tokens", "16", "256", "4096", "16384", "32768", "--launch", EXPERIMENTS,
-                                      "--vllm-src", VLLM_SRC, "--json", "{out}/gpu_masking.json",
-                                      "--plot", "{out}/gpu_masking.png"), 200, 60),
+                    "-k", SERVED_TESTS), 200),
+    Stage("mask_cost", ("{py}", "benchmarks/mask_cost.py", "--tokens", "4096", "16384", "32768", "--rounds", "21",
+                        "--json", "{out}/mask_cost.json", "--plot", "{out}/mask_cost.png"), 140, 60),
 )
 
 

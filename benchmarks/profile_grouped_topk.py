@@ -80,14 +80,13 @@ def sass_stats(kernels=None, routers=None):
                 variants["regs+mask" + at] = (m._grouped_topk_regs_kernel, masked)
                 # "regs+mask" is the long chain; "+short" is served where short_chain_served says so;
                 variants["regs+mask+short" + at] = (m._grouped_topk_regs_kernel, dict(masked, SHORT_CHAIN=True))
-                # lanes keep their 4 best (served from 16384 tokens where top4_served says so)
-                variants["regs+mask+short+top4" + at] = (m._grouped_topk_regs_kernel,
-                                                         dict(masked, SHORT_CHAIN=True, TOP4=True))
-                # the experiments pair_union / split_write (not served yet)
+                # lanes keep their 4 best, the threshold by pairs of lanes, the write split (as
+                # fused_grouped_topk launches top4: served from 4096 tokens where top4_served says so)
+                variants["regs+mask+short+top4" + at] = (m._grouped_topk_regs_kernel, dict(
+                    masked, SHORT_CHAIN=True, TOP4=True, PAIRS=True, SPLIT_WRITE=E // p <= 32))
+                # the lanes' 8-lists by pairs of lanes (served where pair_union_served says so)
                 variants["regs+mask+short+pairs" + at] = (m._grouped_topk_regs_kernel,
                                                           dict(masked, SHORT_CHAIN=True, PAIRS=True))
-                variants["regs+mask+short+top4+pairs+split" + at] = (m._grouped_topk_regs_kernel, dict(
-                    masked, SHORT_CHAIN=True, TOP4=True, PAIRS=True, SPLIT_WRITE=True))
                 # padded rows load their logits (served up to 1024 tokens), the flag's load sunk or early
                 for e in ("", "+early"):
                     variants["regs+mask+short+loads" + e + at] = (m._grouped_topk_regs_kernel, dict(

@@ -75,7 +75,7 @@ def test_candidate_argument_parses_literals_and_rejects_the_rest():
 def test_launch_reaches_every_fused_launch_of_the_table(fake_graphs, monkeypatch):
     """``gpu_masking.py --launch``: the table of an experiment as if served; its keyword
     arguments must reach every timed ``fused_grouped_topk`` call (the real function, watched)."""
-    launch = gpu_masking.parse_kwargs("pair_union=True,split_write=True")
+    launch = gpu_masking.parse_kwargs("pair_union=True,top4=False")
     seen = []
     real = gpu_masking.fused_grouped_topk
 
@@ -87,7 +87,7 @@ def test_launch_reaches_every_fused_launch_of_the_table(fake_graphs, monkeypatch
     r = gpu_masking.bench_route("deepseek-v3", "fp32", 24, "cpu", torch.Generator().manual_seed(0), 1e9, None, (),
                                 launch)
     assert gpu_masking.output_ok(r["check"]) and len(seen) >= 7
-    assert all(kw["pair_union"] is True and kw["split_write"] is True for kw in seen)
+    assert all(kw["pair_union"] is True and kw["top4"] is False for kw in seen)
 
 
 def test_tables_plots_and_json(fake_graphs, tmp_path, capsys):

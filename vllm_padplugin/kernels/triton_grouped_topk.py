@@ -28,8 +28,9 @@ benchmarks/RESULTS.md) and ``fused_grouped_topk`` launches it.  The kernels them
   serve small DeepSeek-V3 batches (latency-bound; H200: <= 2.7 us at <= 256 tokens), 16 lanes
   Kimi-style at every size and fp32 DeepSeek-V3 from 1024 tokens on (H100: 3-10 % faster than 8
   lanes at >= 4096 tokens); 8 lanes stay for 16-bit DeepSeek-V3 logits from 4096 tokens on.
-  From 16384 tokens fp32 DeepSeek-V3 and 16-bit Kimi-style lanes sort only their 4 best
-  (``top4``; a row whose 8 best crowd into a lane takes a fallback): H200 -2 to -7 %.
+  From 4096 tokens fp32 DeepSeek-V3 and 16-bit Kimi-style lanes sort only their 4 best
+  (``top4``; a row whose 8 best crowd into a lane takes a fallback), the lanes' union then
+  by pairs of lanes (``pair_union``, also served alone for some 16-bit batches): H100 -3 to -10 %.
 * ``rows``: the same with one thread per token (fewest instructions, but too few threads
   to hide latency: slower than ``parts`` everywhere measured; kept selectable).
 
@@ -111,13 +112,30 @@ def early_flag_served(drops_groups: bool) -> bool:
 
 
 def top4_served(num_tokens: int, drops_groups: bool, itemsize: int) -> bool:
-    """Whether the served short-chain "regs" build keeps each lane's 4 best choices (``TOP4``)
-    instead of 8: where it beat 8 on the H200 (benchmarks/kernel_ab.py, results/kernel_ab_h200_top4*:
-    median < -1 %, 90th percentile < 0, A/A within 0.4 %), from 16384 tokens for fp32 DeepSeek-V3
-    (-4.3 to -4.5 %) and 16-bit Kimi-style (-2.4 to -6.7 %).  Elsewhere it lost: more rows need
-    the fallback (a lane holding more than 4 of a row's 8 best), bf16 DeepSeek-V3 with 32 logits
-    a lane +3 to +29 %, fp32 Kimi-style +3 to +10 %; at <= 8192 tokens it was even or lost."""
-    return num_tokens >= 16384 and (itemsize == 4) == drops_groups
+    """Whether the served short-chain "regs" build keeps each lane's 4 best choices (``TOP4``,
+    its threshold by pairs of lanes and its write split, see ``fused_grouped_topk``) instead of 8:
+    where it won (benchmarks/kernel_ab.py: median < -1 %, 90th percentile < 0), fp32 DeepSeek-V3
+    and 16-bit Kimi-style from 4096 tokens.  H100, 2026-12-07 (results/kernel_ab_h100_pairs_split*):
+    -4.4 to -6.9 % (DeepSeek-V3 fp32, 4096-32768) and -3.4 to -10.0 % (Kimi-style bf16); at 2048
+    tokens +2.0 / +0.7 %.  (Before its threshold went by pairs and its write was split, H200: from
+    16384 tokens only.)  Elsewhere it lost: more rows need the fallback (a lane holding more than
+    4 of a row's 8 best): bf16 DeepSeek-V3 with 32 logits a lane +12 to +26 % at 4096-16384, fp32
+    Kimi-style +5 to +13 % at 8192-32768."""
+    return num_tokens >= 4096 and (itemsize == 4) == drops_groups
+
+
+def pair_union_served(num_tokens: int, drops_groups: bool, itemsize: int) -> bool:
+    """Whether the served short-chain "regs" build takes its threshold by ``_pair_thr8`` (a sorted
+    8 held by two lanes) instead of a butterfly of sorted 8s: where it won (same rule, H100,
+    2026-12-07, results/kernel_ab_h100_pairs_split*): with ``top4`` (always by pairs), bf16
+    DeepSeek-V3 (8 lanes) from 8192 tokens (-1.2 to -3.8 %; +0.7 / +1.1 % at 4096), 16-bit
+    Kimi-style above 1024 tokens (-3.1 % at 2048).  Not for fp32 Kimi-style (+1.3 to +1.6 % at
+    16384 / 32768) nor fp32 DeepSeek-V3 below 4096 (-0.7 % at 2048, +0.4 % at 256)."""
+    if top4_served(num_tokens, drops_groups, itemsize):
+        return True
+    if drops_groups:
+        return itemsize < 4 and num_tokens >= 8192
+    return itemsize < 4 and num_tokens > 1024
 
 
 def default_config(num_tokens: int, num_experts: int, dtype: torch.dtype | None = None, *,
@@ -179,9 +197,7 @@ def fused_grouped_topk(
     short_chain: bool | None = None,
     early_flag: bool | None = None,
     top4: bool | None = None,
-    odd_even: bool = False,
-    split_write: bool = False,
-    pair_union: bool = False,
+    pair_union: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sigmoid grouped top-k + mask in one launch; returns ``(weights f32, ids i32)``.
 
@@ -204,17 +220,16 @@ def fused_grouped_topk(
     ``early_flag`` ("regs", where padded rows load their logits): the padding flag's first use
     beside the first logits', so that its load is issued with theirs (ptxas otherwise sinks it to
     its first use after the routing); default (None): where it won, ``early_flag_served``.
-    ``top4`` ("regs" with ``short_chain``): each lane sorts its 4 best choices instead of 8; the
-    8th best of the lanes' union is the threshold wherever a row then has exactly ``topk``
-    choices at or above it, else the block takes each lane's 8 best from its logits loaded
-    again (same results); default (None): where it won, ``top4_served``.
-    ``odd_even`` ("regs" with ``top4``): the first round of the lanes' union merges two 4-lists by
-    Batcher's odd-even merge (9 compare-exchanges instead of 12; same results); an experiment.
-    ``split_write`` ("regs" with ``top4``, <= 32 logits a lane): the output written in each branch
-    of the block's exactness test, so that the common one knows a lane takes at most 4 experts
-    (3 dependent bit drops a slot instead of 7; same results); an experiment.
-    ``pair_union`` ("regs" with ``short_chain``): the threshold from the lanes' lists merged with
-    a sorted 8 held by two lanes (``_pair_thr8``; same threshold); an experiment.
+    ``top4`` ("regs" with ``short_chain``, >= 4 lanes a token): each lane sorts its 4 best
+    choices instead of 8; the 8th best of the lanes' union is the threshold wherever a row then
+    has exactly ``topk`` choices at or above it, else the block takes each lane's 8 best from its
+    logits loaded again (same results); with it the threshold goes by pairs of lanes and, <= 32
+    logits a lane, the output is written in each branch of the block's exactness test, so that the
+    common one knows a lane takes at most 4 experts (3 dependent bit drops a slot instead of 7);
+    default (None): where it won, ``top4_served``.
+    ``pair_union`` ("regs" with ``short_chain``, >= 4 lanes a token): the threshold from the lanes'
+    lists merged with a sorted 8 held by two lanes (``_pair_thr8``; same threshold); default
+    (None): where it won, ``pair_union_served``.
     """
     tensors = [gating_output] + ([is_padding] if is_padding is not None else [])
     num_tokens, num_experts = gating_output.shape
@@ -325,13 +340,16 @@ def fused_grouped_topk(
                 short_chain = short_chain_served(num_tokens, drops)
             if early_flag is None:
                 early_flag = early_flag_served(drops)
+            size = gating_output.dtype.itemsize
             if top4 is None:
-                top4 = top4_served(num_tokens, drops, gating_output.dtype.itemsize)
+                top4 = top4_served(num_tokens, drops, size)
+            if pair_union is None:
+                pair_union = pair_union_served(num_tokens, drops, size)
+            top4 = bool(top4 and short_chain and lanes >= 4)  # _pair_thr8 needs 2 pairs
             _grouped_topk_regs_kernel[grid](*args, P=lanes, SP=sp, LPG=lpg, SHORT_CHAIN=short_chain,
-                                            EARLY_FLAG=bool(early_flag), TOP4=bool(top4 and short_chain),
-                                            OEM=bool(odd_even),
-                                            SPLIT_WRITE=bool(split_write and top4 and short_chain and sp <= 32),
-                                            PAIRS=bool(pair_union and short_chain and lanes >= 4),
+                                            EARLY_FLAG=bool(early_flag), TOP4=top4,
+                                            SPLIT_WRITE=top4 and sp <= 32,
+                                            PAIRS=top4 or bool(pair_union and short_chain and lanes >= 4),
                                             **cap,
                                             **extra, **common)
     else:

@@ -96,7 +96,6 @@ def _grouped_topk_regs_kernel(
     SHORT_CHAIN: tl.constexpr = False,
     EARLY_FLAG: tl.constexpr = False,
     TOP4: tl.constexpr = False,
-    OEM: tl.constexpr = False,
     SPLIT_WRITE: tl.constexpr = False,
     PAIRS: tl.constexpr = False,
 ):
@@ -115,7 +114,10 @@ def _grouped_topk_regs_kernel(
     recomputed from one cached load.  ``LPG`` is unused.  ``SHORT_CHAIN`` (served where it won,
     ``short_chain_served``) ranks the groups by ``_group_keep`` and counts the taken bits
     instead of the lists' values above and at thr, the ties only where a row has more than
-    ``TOPK`` values >= thr.
+    ``TOPK`` values >= thr.  ``TOP4`` (with it): lanes sort their 4 best (``top4_served``);
+    ``PAIRS``: the threshold by ``_pair_thr8`` (``pair_union_served``; always with ``TOP4``);
+    ``SPLIT_WRITE`` (set with ``TOP4`` where a lane holds <= 32 logits): the output written in
+    each branch of the block's exactness test, the common one knowing a lane takes <= 4.
     """
     NEG: tl.constexpr = float("-inf")
     NCH: tl.constexpr = SP // VEC
@@ -202,14 +204,14 @@ def _grouped_topk_regs_kernel(
         # with TOP4, thr4 = the 8th best of the union of the lanes' 4 best: <= thr, and == thr (no
         # tie across it either) exactly when a row has TOPK values >= thr4, as checked below;
         # else (a lane holds more than 4 of the row's 8 best, or a tie) the 8 best a lane
-        tk = _lanes_thr(Lt, keep, lane, BLOCK_M, P, PAIRS, OEM)
+        tk = _lanes_thr(Lt, keep, lane, BLOCK_M, P, PAIRS)
         m = _bits(cv, tk, m0, SP, BY_WORDS=True)
         n_take = _popc(m, FAST_SIGMOID, SP)
         exact = (tl.sum(n_take, axis=1)[:, None] == TOPK) | (ok_st == 0)
         if tl.min(tl.reshape(exact.to(tl.int32), [BLOCK_M * exact.shape[1]]), axis=0) == 0:
             if TOP4:  # the choices again (kept live, they cost spills), the 8 best a lane, thr
                 c8 = _lane_choices(rowp, bp, lm, BLOCK_M, P, VEC, NCH, HAS_BIAS, FAST_SIGMOID)
-                tk = _lanes_thr(_kept(_top_sorted(c8, SP, 8), keep), keep, lane, BLOCK_M, P, PAIRS, OEM)
+                tk = _lanes_thr(_kept(_top_sorted(c8, SP, 8), keep), keep, lane, BLOCK_M, P, PAIRS)
                 m = _bits(c8, tk, m0, SP, BY_WORDS=True)
                 n_take = _popc(m, FAST_SIGMOID, SP)
             else:

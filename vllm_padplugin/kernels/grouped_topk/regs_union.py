@@ -1,10 +1,10 @@
 """For "regs": a token's threshold, the 8th best of the union of its lanes' sorted lists, by a
-butterfly over the lanes (``_lanes_thr``; with ``pair_union`` over lists held by pairs of lanes).
+butterfly over the lanes (``_lanes_thr``), of sorted 8s or of sorted 8s held by pairs of lanes.
 """
 import triton
 import triton.language as tl
 
-from vllm_padplugin.kernels.grouped_topk.networks import _bitonic_sort, _ce, _keep_best, _merge8, _sort_desc
+from vllm_padplugin.kernels.grouped_topk.networks import _bitonic_sort, _keep_best, _merge8, _sort_desc
 
 
 @triton.jit
@@ -24,45 +24,6 @@ def _kept(L, keep):
     for k in tl.static_range(len(L)):
         out = out + (tl.where(keep, L[k], float("-inf")),)
     return out
-
-
-@triton.jit
-def _merge44(c):
-    """Two descending 4-lists ``c[0:4]``, ``c[4:8]`` merged into a descending 8: Batcher's
-    odd-even merge, 9 compare-exchanges (a bitonic merge takes 12)."""
-    x0, x1, x2, x3, x4, x5, x6, x7 = c
-    x0, x4 = _ce(x0, x4)
-    x2, x6 = _ce(x2, x6)
-    x1, x5 = _ce(x1, x5)
-    x3, x7 = _ce(x3, x7)
-    x2, x4 = _ce(x2, x4)
-    x3, x5 = _ce(x3, x5)
-    x1, x2 = _ce(x1, x2)
-    x3, x4 = _ce(x3, x4)
-    x5, x6 = _ce(x5, x6)
-    return (x0, x1, x2, x3, x4, x5, x6, x7)
-
-
-@triton.jit
-def _union_top8(L4, lane, BM: tl.constexpr, P: tl.constexpr, OEM: tl.constexpr = False):
-    """The 8 best of the union of the P lanes' sorted top-4 lists ``L4`` (4 [BM, P] columns),
-    descending, in every lane: a butterfly whose first round merges two 4-lists into a sorted
-    8 (bitonic, 12 compare-exchanges; ``OEM``: odd-even, 9), the others ``_merge8``."""
-    ln = tl.broadcast_to(lane, [BM, P])
-    o = ln ^ 1
-    if OEM:
-        c = _merge44((L4[0], L4[1], L4[2], L4[3], tl.gather(L4[0], o, 1), tl.gather(L4[1], o, 1),
-                      tl.gather(L4[2], o, 1), tl.gather(L4[3], o, 1)))
-    else:
-        c = (L4[0], L4[1], L4[2], L4[3], tl.gather(L4[3], o, 1), tl.gather(L4[2], o, 1), tl.gather(L4[1], o, 1),
-             tl.gather(L4[0], o, 1))  # a descending 4 then an ascending one: bitonic
-        c = _bitonic_sort(c, 8, 3)
-    for b in tl.static_range(1, P.bit_length() - 1):
-        o = ln ^ (1 << b)
-        c = _merge8(c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7],
-                    tl.gather(c[0], o, 1), tl.gather(c[1], o, 1), tl.gather(c[2], o, 1), tl.gather(c[3], o, 1),
-                    tl.gather(c[4], o, 1), tl.gather(c[5], o, 1), tl.gather(c[6], o, 1), tl.gather(c[7], o, 1))
-    return c
 
 
 @triton.jit
@@ -112,15 +73,14 @@ def _pair_thr8(L, lane, BM: tl.constexpr, P: tl.constexpr):
 
 
 @triton.jit
-def _lanes_thr(L, keep, lane, BM: tl.constexpr, P: tl.constexpr, PAIRS: tl.constexpr, OEM: tl.constexpr):
+def _lanes_thr(L, keep, lane, BM: tl.constexpr, P: tl.constexpr, PAIRS: tl.constexpr):
     """The 8th best of the union of the lanes' descending lists ``L`` (4 or 8 [BM, P] columns);
-    +inf in the lanes of dropped groups (``keep`` false), which take nothing.  ``PAIRS``:
-    ``_pair_thr8``; else a butterfly (4-lists: ``_union_top8``; 8-lists: ``tl.reduce`` with
-    ``_merge8``)."""
-    if PAIRS:
+    +inf in the lanes of dropped groups (``keep`` false), which take nothing.  4-lists, or
+    ``PAIRS``: ``_pair_thr8``; else a butterfly of 8-lists (``tl.reduce`` with ``_merge8``).
+    (A butterfly of 4-lists, sorted 8s from the first round on, lost to the pairs on an H100 at
+    every timed size, 4096-32768 tokens: benchmarks/RESULTS.md, 2026-12-07.)"""
+    if PAIRS or len(L) == 4:
         t = _pair_thr8(L, lane, BM, P)
-    elif len(L) == 4:
-        t = _union_top8(L, lane, BM, P, OEM)[7]
     else:
         t = tl.reduce(L, 1, _merge8)[7][:, None]
     return tl.where(keep, t, float("inf"))
