@@ -10,9 +10,10 @@ list lives here, in the repository, so a new checkout can send it without rebuil
 top-k beside it where ``VLLM_SRC`` travelled (carry ``.device``; the two vLLM files
 ``benchmarks/vllm_grouped_topk.py`` reads: ``tar -C <vLLM 0.32.0 release tree> -cJf
 .device/vllm-0.32.0-grouped_topk.tar.xz vllm/model_executor/layers/fused_moe/router/grouped_topk_router.py
-vllm/model_executor/utils.py``), the GPU tests of the served path and its variants, then the mask's
-cost timed interleaved (``mask_cost.py``).  (The plan before it, the A/B of ``pair_union`` /
-``split_write``, ran on an H100 on 2026-12-07: benchmarks/RESULTS.md.)
+vllm/model_executor/utils.py``), the mask's cost timed interleaved (``mask_cost.py``), then the GPU
+tests of the served path and its variants (the variants' own ran on an H100 before they were
+served).  The plan before it, the A/B of ``pair_union`` / ``split_write``, ran on an H100 on
+2026-12-07 (benchmarks/RESULTS.md).
 
     python benchmarks/gpu_session.py --out "$OUT"               # on the device (run tool)
     python benchmarks/gpu_session.py --out "$OUT" --budget 240 --only served tests
@@ -53,10 +54,10 @@ PLAN = (
                      "--tokens", "16", "256", "1024", "4096", "8192", "16384", "32768",
                      "--vllm-src", VLLM_SRC, "--json", "{out}/gpu_masking.json",
                      "--plot", "{out}/gpu_masking.png"), 200, 60),
-    Stage("tests", ("{py}", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_triton_kernels.py",
-                    "-k", SERVED_TESTS), 200),
     Stage("mask_cost", ("{py}", "benchmarks/mask_cost.py", "--tokens", "4096", "16384", "32768", "--rounds", "21",
                         "--json", "{out}/mask_cost.json", "--plot", "{out}/mask_cost.png"), 140, 60),
+    Stage("tests", ("{py}", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_triton_kernels.py",
+                    "-k", SERVED_TESTS), 200),
 )
 
 
