@@ -10,10 +10,10 @@ list lives here, in the repository, so a new checkout can send it without rebuil
 top-k beside it where ``VLLM_SRC`` travelled (carry ``.device``; the two vLLM files
 ``benchmarks/vllm_grouped_topk.py`` reads: ``tar -C <vLLM 0.32.0 release tree> -cJf
 .device/vllm-0.32.0-grouped_topk.tar.xz vllm/model_executor/layers/fused_moe/router/grouped_topk_router.py
-vllm/model_executor/utils.py``), the mask's cost timed interleaved (``mask_cost.py``), then the GPU
-tests of the served path and its variants (the variants' own ran on an H100 before they were
-served).  The plan before it, the A/B of ``pair_union`` / ``split_write``, ran on an H100 on
-2026-12-07 (benchmarks/RESULTS.md).
+vllm/model_executor/utils.py``), the mask's cost timed interleaved (``mask_cost.py``), an Nsight
+Compute profile of the served build masked and not, then the GPU tests of the served path and its
+variants.  It ran on an H100 on 2026-12-07 (but ncu, added after); on an H200 it would give the
+served build's figures there (benchmarks/RESULTS.md: the H200's are of the build before).
 
     python benchmarks/gpu_session.py --out "$OUT"               # on the device (run tool)
     python benchmarks/gpu_session.py --out "$OUT" --budget 240 --only served tests
@@ -56,6 +56,12 @@ PLAN = (
                      "--plot", "{out}/gpu_masking.png"), 200, 60),
     Stage("mask_cost", ("{py}", "benchmarks/mask_cost.py", "--tokens", "4096", "16384", "32768", "--rounds", "21",
                         "--json", "{out}/mask_cost.json", "--plot", "{out}/mask_cost.png"), 140, 60),
+    # where the served build spends its time, masked or not (profile_grouped_topk's launches: per case no
+    # mask, 25 % padded, mask with nothing padded; the command of RESULTS.md's ncu sections)
+    Stage("ncu", ("ncu", "--clock-control", "none", "-k", "regex:_grouped_topk_regs", "--section", "WarpStateStats",
+                  "--section", "SchedulerStats", "--section", "Occupancy", "--metrics",
+                  "smsp__inst_executed.sum,gpu__time_duration.sum,launch__registers_per_thread,dram__bytes_read.sum",
+                  "{py}", "benchmarks/profile_grouped_topk.py"), 150, 60),
     Stage("tests", ("{py}", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_triton_kernels.py",
                     "-k", SERVED_TESTS), 200),
 )
@@ -99,8 +105,14 @@ def _run_stage(stage: Stage, out: Path, limit: float, rec: dict, clock) -> None:
     print(f"== {stage.name} (at most {limit:.0f} s): {' '.join(argv)}", flush=True)
     t0 = clock()
     with open(out / f"{stage.name}.txt", "wb") as log:
-        proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        try:
+            proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        except OSError as e:  # e.g. no ncu on this machine: said, and the next stage still runs
+            log.write(f"{e}\n".encode())
+            rec.update(rc=127, error=str(e))
+            print(f"== {stage.name}: could not start: {e}", flush=True)
+            return
         try:
             _tee(proc, log, t0 + limit, clock)
             proc.wait(timeout=max(0.0, t0 + limit - clock()))
