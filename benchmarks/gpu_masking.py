@@ -31,7 +31,7 @@ per row; weights per id within 1e-5; rows that differ must be near-ties, see
 reference first, and the full table then uses the fastest correct one (the committed
 ``default_config`` is set from such a run).  ``--launch KEY=VALUE,...`` gives every fused launch
 more ``fused_grouped_topk`` keyword arguments: the table of an experiment as if it were served,
-before it is (``--launch pair_union=True,split_write=True``); the JSON records them.
+before it is (e.g. ``--launch pair_union=True,top4=False``); the JSON records them.
 """
 from __future__ import annotations
 

@@ -82,8 +82,8 @@ def sass_stats(kernels=None, routers=None):
                 variants["regs+mask+short" + at] = (m._grouped_topk_regs_kernel, dict(masked, SHORT_CHAIN=True))
                 # lanes keep their 4 best, the threshold by pairs of lanes, the write split (as
                 # fused_grouped_topk launches top4: served from 4096 tokens where top4_served says so)
-                variants["regs+mask+short+top4" + at] = (m._grouped_topk_regs_kernel, dict(
-                    masked, SHORT_CHAIN=True, TOP4=True, PAIRS=True, SPLIT_WRITE=E // p <= 32))
+                variants["regs+mask+short+top4" + at] = (m._grouped_topk_regs_kernel,
+                                                         dict(masked, SHORT_CHAIN=True, TOP4=True))
                 # the lanes' 8-lists by pairs of lanes (served where pair_union_served says so)
                 variants["regs+mask+short+pairs" + at] = (m._grouped_topk_regs_kernel,
                                                           dict(masked, SHORT_CHAIN=True, PAIRS=True))

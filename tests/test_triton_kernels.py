@@ -262,7 +262,8 @@ def test_regs_fits_its_register_cap_without_spills():
     with the installed Triton's ptxas (no GPU): with and without the mask, 8 / 16 / 32 lanes, and
     the short_chain variant (and its early_flag build, and its top4 build at 16 / 32 lanes, where
     it is served), fp32 and bf16, the kernel must fit the cap with no spill, or the cap costs
-    local-memory traffic.  (top4 at 8 lanes spills 8 B: one reason it is not served there.)"""
+    local-memory traffic.  (top4 at 8 lanes spilled 8 B before its threshold went by pairs of lanes;
+    now it spills nothing there and loses all the same, by its fallback's frequency.)"""
     names = {"regs"} | {f"regs+mask{v}{at}" for v in ("", "+short", "+short+loads+early")
                         for at in ("", "@16", "@32")}  # 8 lanes (served above 4096 tokens), 16, 32
     names |= {"regs+mask+short+top4@16", "regs+mask+short+top4@32"}

@@ -345,11 +345,10 @@ def fused_grouped_topk(
                 top4 = top4_served(num_tokens, drops, size)
             if pair_union is None:
                 pair_union = pair_union_served(num_tokens, drops, size)
-            top4 = bool(top4 and short_chain and lanes >= 4)  # _pair_thr8 needs 2 pairs
+            pairs_ok = short_chain and lanes >= 4  # _pair_thr8 needs 2 pairs of lanes
             _grouped_topk_regs_kernel[grid](*args, P=lanes, SP=sp, LPG=lpg, SHORT_CHAIN=short_chain,
-                                            EARLY_FLAG=bool(early_flag), TOP4=top4,
-                                            SPLIT_WRITE=top4 and sp <= 32,
-                                            PAIRS=top4 or bool(pair_union and short_chain and lanes >= 4),
+                                            EARLY_FLAG=bool(early_flag), TOP4=bool(top4 and pairs_ok),
+                                            PAIRS=bool(pair_union and pairs_ok),
                                             **cap,
                                             **extra, **common)
     else:

@@ -96,7 +96,6 @@ def _grouped_topk_regs_kernel(
     SHORT_CHAIN: tl.constexpr = False,
     EARLY_FLAG: tl.constexpr = False,
     TOP4: tl.constexpr = False,
-    SPLIT_WRITE: tl.constexpr = False,
     PAIRS: tl.constexpr = False,
 ):
     """P lanes per token, lane p holding experts [p SP, (p + 1) SP) (its group when groups
@@ -114,13 +113,14 @@ def _grouped_topk_regs_kernel(
     recomputed from one cached load.  ``LPG`` is unused.  ``SHORT_CHAIN`` (served where it won,
     ``short_chain_served``) ranks the groups by ``_group_keep`` and counts the taken bits
     instead of the lists' values above and at thr, the ties only where a row has more than
-    ``TOPK`` values >= thr.  ``TOP4`` (with it): lanes sort their 4 best (``top4_served``);
-    ``PAIRS``: the threshold by ``_pair_thr8`` (``pair_union_served``; always with ``TOP4``);
-    ``SPLIT_WRITE`` (set with ``TOP4`` where a lane holds <= 32 logits): the output written in
-    each branch of the block's exactness test, the common one knowing a lane takes <= 4.
+    ``TOPK`` values >= thr.  ``TOP4`` (with it): lanes sort their 4 best (``top4_served``), the
+    threshold by ``_pair_thr8``, and where a lane holds <= 32 logits the output written in each
+    branch of the block's exactness test, the common one knowing a lane takes <= 4.  ``PAIRS``:
+    the 8-lists' threshold by ``_pair_thr8`` too (``pair_union_served``).
     """
     NEG: tl.constexpr = float("-inf")
     NCH: tl.constexpr = SP // VEC
+    SPLIT_WRITE: tl.constexpr = SHORT_CHAIN and TOP4 and SP <= 32  # see the docstring
     pid = tl.program_id(0)
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     lane = tl.arange(0, P)[None, :]  # [1, P]
@@ -211,7 +211,7 @@ def _grouped_topk_regs_kernel(
         if tl.min(tl.reshape(exact.to(tl.int32), [BLOCK_M * exact.shape[1]]), axis=0) == 0:
             if TOP4:  # the choices again (kept live, they cost spills), the 8 best a lane, thr
                 c8 = _lane_choices(rowp, bp, lm, BLOCK_M, P, VEC, NCH, HAS_BIAS, FAST_SIGMOID)
-                tk = _lanes_thr(_kept(_top_sorted(c8, SP, 8), keep), keep, lane, BLOCK_M, P, PAIRS)
+                tk = _lanes_thr(_kept(_top_sorted(c8, SP, 8), keep), keep, lane, BLOCK_M, P, True)
                 m = _bits(c8, tk, m0, SP, BY_WORDS=True)
                 n_take = _popc(m, FAST_SIGMOID, SP)
             else:
