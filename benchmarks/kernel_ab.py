@@ -22,6 +22,7 @@ Variants (``fused_grouped_topk`` keyword arguments; "served" leaves ``short_chai
 ``--candidate NAME:KEY=VALUE,...`` replaces those two with other keyword arguments, e.g. a
 variant that exists only in a patched tree (``benchmarks/results/pad_exit_word.patch``, on a
 checkout of 27ecdaf) timed against that tree's served build: ``--candidate pe:pad_exit=True``.
+A candidate may take its own mask: ``--padding off --candidate m:padding=none`` times the mask's cost.
 
     python benchmarks/kernel_ab.py --json kernel_ab.json --plot kernel_ab.png
 """
@@ -39,21 +40,28 @@ from gpu_masking import (copy_bandwidth, interleaved_args, interleaved_cases, in
 
 TOKENS = (16, 256, 1024, 4096, 16384, 32768)
 CANDIDATES = {"long_chain": {"short_chain": False}, "short_chain": {"short_chain": True}}
+PADDINGS = {"none": "none", "pad25": "pad25", "off": None}  # --padding's choices -> gpu_masking.interleaved's
 
 
 def parse_candidate(text: str) -> tuple[str, dict]:
-    """``"top4:short_chain=True,top4=True"`` -> ``("top4", {"short_chain": True, "top4": True})``."""
+    """``"top4:short_chain=True,top4=True"`` -> ``("top4", {"short_chain": True, "top4": True})``;
+    ``padding=none|pad25|off`` gives the candidate its own mask instead of ``--padding``'s."""
     name, sep, kws = text.partition(":")
     if not name.isidentifier() or name in ("served", "again") or not sep:
         raise argparse.ArgumentTypeError(f"{text!r}: want NAME:KEY=VALUE,... (NAME not served/again)")
-    return name, parse_kwargs(kws)
+    items = [x for x in kws.split(",") if x.strip()]
+    pads = [x.partition("=")[2].strip() for x in items if x.partition("=")[0].strip() == "padding"]
+    if any(p not in PADDINGS for p in pads):
+        raise argparse.ArgumentTypeError(f"{text!r}: padding is one of {', '.join(PADDINGS)}")
+    kw = parse_kwargs(",".join(x for x in items if x.partition("=")[0].strip() != "padding"))
+    return name, ({"padding": PADDINGS[pads[-1]]} if pads else {}) | kw
 
 
 def variants(padding: str | None, candidates: dict[str, dict] | None = None) -> dict[str, dict]:
     """``interleaved``'s variants: served, again, then the candidates (default ``CANDIDATES``),
     all with ``padding``."""
     calls = {"served": {}, "again": {}, **(CANDIDATES if candidates is None else candidates)}
-    return {name: dict(kw, padding=padding) for name, kw in calls.items()}
+    return {name: {"padding": padding, **kw} for name, kw in calls.items()}
 
 
 def print_table(doc: dict) -> None:
@@ -82,12 +90,12 @@ def plot(doc: dict, path: str) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--padding", choices=("none", "pad25", "off"), default="none",
+    ap.add_argument("--padding", choices=tuple(PADDINGS), default="none",
                     help="the mask every variant gets: no row padded (serving, default), a quarter padded, or no mask")
     ap.add_argument("--candidate", type=parse_candidate, action="append", metavar="NAME:KEY=VALUE,...",
                     help="time this variant instead of the default candidates (repeatable)")
     args = interleaved_args(ap, TOKENS, 21)
-    padding = None if args.padding == "off" else args.padding
+    padding = PADDINGS[args.padding]
     calls = variants(padding, dict(args.candidate) if args.candidate else None)
     run = interleaved_doc("kernel_ab", args, padding=args.padding, variants=list(calls))
     if run is None:

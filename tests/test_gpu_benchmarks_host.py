@@ -67,7 +67,11 @@ def test_candidate_argument_parses_literals_and_rejects_the_rest():
     assert kernel_ab.parse_candidate("top4:short_chain=True,top4=1") == ("top4", {"short_chain": True, "top4": 1})
     calls = kernel_ab.variants("none", dict([kernel_ab.parse_candidate("x:block_m=2")]))
     assert list(calls) == ["served", "again", "x"] and calls["x"] == {"block_m": 2, "padding": "none"}
-    for bad in ("top4", "served:a=1", "x:top4", "x:top4=b c", "x:1=2", "x:nope=1", "x:topk=8"):
+    # a candidate's own mask wins over --padding's: the mask's cost timed against the unmasked build
+    calls = kernel_ab.variants(None, dict([kernel_ab.parse_candidate("m:padding=none,max_registers=72")]))
+    assert calls["served"] == {"padding": None} and calls["m"] == {"padding": "none", "max_registers": 72}
+    assert kernel_ab.parse_candidate("u:padding=off") == ("u", {"padding": None})
+    for bad in ("top4", "served:a=1", "x:top4", "x:top4=b c", "x:1=2", "x:nope=1", "x:topk=8", "x:padding=all"):
         with pytest.raises(kernel_ab.argparse.ArgumentTypeError):  # malformed, or not one of the kernel's
             kernel_ab.parse_candidate(bad)                         # launch options: an error, never ignored
 

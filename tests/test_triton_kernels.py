@@ -581,15 +581,16 @@ def test_gpu_regs_wide_lanes_matches_reference(E, G, TG, K, scale, T, dtype, lan
                                      {"early_flag": True, "skip_padded_loads": False},
                                      {"short_chain": True, "top4": True}, {"short_chain": True, "top4": False},
                                      {"short_chain": True, "top4": False, "pair_union": True},
-                                     {"short_chain": True, "top4": False, "pair_union": False}],
+                                     {"short_chain": True, "top4": False, "pair_union": False},
+                                     {"max_registers": 72}],
                          ids=["long_chain", "short_chain", "early_flag", "top4", "top8", "pair_union",
-                              "no_pair_union"])
+                              "no_pair_union", "max_registers_72"])
 def test_gpu_regs_variants_match_reference(E, G, TG, K, scale, T, dtype, variant):
     """The "regs" variants benchmarks/kernel_ab.py and mask_cost.py time against the served build
     (the long and the short chain, each forced; the flag loaded early; lanes keeping their 4 best,
     with the threshold by pairs of lanes and the write split, or their 8, forced; the union of
-    8-lists by pairs of lanes or by a butterfly, forced), at the sizes they time, with a bias and a
-    mask; integer logits (ties everywhere, so top4's fallback) too."""
+    8-lists by pairs of lanes or by a butterfly, forced; a register cap of 72), at the sizes they
+    time, with a bias and a mask; integer logits (ties everywhere, so top4's fallback) too."""
     _regs_matches_reference(E, G, TG, K, scale, T, dtype, T + E + 3, **variant)
 
 

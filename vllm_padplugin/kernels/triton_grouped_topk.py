@@ -198,6 +198,7 @@ def fused_grouped_topk(
     early_flag: bool | None = None,
     top4: bool | None = None,
     pair_union: bool | None = None,
+    max_registers: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sigmoid grouped top-k + mask in one launch; returns ``(weights f32, ids i32)``.
 
@@ -230,6 +231,7 @@ def fused_grouped_topk(
     ``pair_union`` ("regs" with ``short_chain``, >= 4 lanes a token): the threshold from the lanes'
     lists merged with a sorted 8 held by two lanes (``_pair_thr8``; same threshold); default
     (None): where it won, ``pair_union_served``.
+    ``max_registers`` ("regs"): the register cap to compile with instead of ``_regs_cap``'s.
     """
     tensors = [gating_output] + ([is_padding] if is_padding is not None else [])
     num_tokens, num_experts = gating_output.shape
@@ -334,7 +336,7 @@ def fused_grouped_topk(
             sp = num_experts // lanes
             cap = {}
             if not (_interpreting() or torch.version.hip):  # Triton's HIP backend has no maxnreg
-                cap = _regs_cap(sp)
+                cap = {"maxnreg": max_registers} if max_registers else _regs_cap(sp)
             drops = num_expert_group > topk_group
             if short_chain is None:
                 short_chain = short_chain_served(num_tokens, drops)
