@@ -87,6 +87,10 @@ def sass_stats(kernels=None, routers=None):
                 # the lanes' 8-lists by pairs of lanes (served where pair_union_served says so)
                 variants["regs+mask+short+pairs" + at] = (m._grouped_topk_regs_kernel,
                                                           dict(masked, SHORT_CHAIN=True, PAIRS=True))
+                # the pairs' build with the flag loaded again for the writes (pad_reload)
+                variants["regs+mask+short+pairs+reload" + at] = (m._grouped_topk_regs_kernel,
+                                                                 dict(masked, SHORT_CHAIN=True, PAIRS=True,
+                                                                      PAD_RELOAD=True))
                 # the same three served builds without the mask: what the mask changes in them
                 for v, kw in (("", {}), ("+top4", {"TOP4": True}), ("+pairs", {"PAIRS": True})):
                     variants["regs+short" + v + at] = (m._grouped_topk_regs_kernel,

@@ -304,8 +304,21 @@ def test_regs_16_lanes_issue_every_logits_load_up_front():
         assert late == 0, (name, router, dt)
 
 
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed: no compiler")
+def test_regs_pad_reload_issues_every_logits_load_up_front():
+    """``pad_reload`` exists because the masked 8-lane build with the pairs (16-bit DeepSeek-V3 from
+    8192 tokens) holds the padding flag across the routing and, under the 64-register cap, ptxas
+    then issues one of a lane's four logits loads after the first sigmoids (SASS for sm_90 compiled
+    here, no GPU; Triton 3.6 and 3.9 alike): loading the flag again for the writes must leave every
+    logits load up front.  The test also records that the build without it sinks one (if ptxas
+    stops doing so, the option has no reason left)."""
+    late = {r["name"]: r["late_loads"] for r in _sass_stats({"regs+mask+short+pairs", "regs+mask+short+pairs+reload"},
+                                                             ("deepseek-v3",)) if r["dtype"] == "bf16"}
+    assert late == {"regs+mask+short+pairs": 1, "regs+mask+short+pairs+reload": 0}, late
+
+
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed: no interpreter to run the kernel source")
-@pytest.mark.parametrize("variant", ["top4", "pair_union"])
+@pytest.mark.parametrize("variant", ["top4", "pair_union", "pad_reload"])
 def test_regs_variants_change_no_bit_under_triton_interpreter(variant):
     """``top4`` (lanes sort their 4 best; the threshold by pairs of lanes, the write split: the
     common branch knows a lane takes at most 4) and ``pair_union`` (the lanes' 8-lists merged with
@@ -313,7 +326,8 @@ def test_regs_variants_change_no_bit_under_triton_interpreter(variant):
     routers, fp32 / bf16, 8 / 16 / 32 lanes, a mask; rows whose 8 best crowd into few lanes, so
     that top4's fallback runs, and rows with 4 of them in one lane, top4's common path at the
     split write's bound).  A wrong partner lane in ``_pair_thr8`` or too small a bound for the
-    split write fails here (checked by editing the kernel)."""
+    split write fails here (checked by editing the kernel).  ``pad_reload`` (the padding flag
+    loaded again for the writes) likewise, padded rows (-1, 0)."""
     _run_interpreted(
         """
         import torch
@@ -582,15 +596,16 @@ def test_gpu_regs_wide_lanes_matches_reference(E, G, TG, K, scale, T, dtype, lan
                                      {"short_chain": True, "top4": True}, {"short_chain": True, "top4": False},
                                      {"short_chain": True, "top4": False, "pair_union": True},
                                      {"short_chain": True, "top4": False, "pair_union": False},
-                                     {"max_registers": 72}],
+                                     {"max_registers": 72}, {"pad_reload": True}],
                          ids=["long_chain", "short_chain", "early_flag", "top4", "top8", "pair_union",
-                              "no_pair_union", "max_registers_72"])
+                              "no_pair_union", "max_registers_72", "pad_reload"])
 def test_gpu_regs_variants_match_reference(E, G, TG, K, scale, T, dtype, variant):
     """The "regs" variants benchmarks/kernel_ab.py and mask_cost.py time against the served build
     (the long and the short chain, each forced; the flag loaded early; lanes keeping their 4 best,
     with the threshold by pairs of lanes and the write split, or their 8, forced; the union of
-    8-lists by pairs of lanes or by a butterfly, forced; a register cap of 72), at the sizes they
-    time, with a bias and a mask; integer logits (ties everywhere, so top4's fallback) too."""
+    8-lists by pairs of lanes or by a butterfly, forced; a register cap of 72; the flag loaded again
+    for the writes), at the sizes they time, with a bias and a mask; integer logits (ties
+    everywhere, so top4's fallback) too."""
     _regs_matches_reference(E, G, TG, K, scale, T, dtype, T + E + 3, **variant)
 
 

@@ -138,6 +138,12 @@ def pair_union_served(num_tokens: int, drops_groups: bool, itemsize: int) -> boo
     return itemsize < 4 and num_tokens > 1024
 
 
+def pad_reload_served(num_tokens: int, drops_groups: bool, itemsize: int) -> bool:
+    """Whether the masked "regs" build loads the padding flag again for its writes (``PAD_RELOAD``):
+    not yet served anywhere (2026-12-07: waiting for its A/B)."""
+    return False
+
+
 def default_config(num_tokens: int, num_experts: int, dtype: torch.dtype | None = None, *,
                    num_expert_group: int = 1, topk_group: int = 1, topk: int = 8) -> tuple[str, int, int]:
     """(kernel, BLOCK_M, num_warps) for a batch: the entry for the largest key <= T of
@@ -199,6 +205,7 @@ def fused_grouped_topk(
     top4: bool | None = None,
     pair_union: bool | None = None,
     max_registers: int | None = None,
+    pad_reload: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sigmoid grouped top-k + mask in one launch; returns ``(weights f32, ids i32)``.
 
@@ -232,6 +239,8 @@ def fused_grouped_topk(
     lists merged with a sorted 8 held by two lanes (``_pair_thr8``; same threshold); default
     (None): where it won, ``pair_union_served``.
     ``max_registers`` ("regs"): the register cap to compile with instead of ``_regs_cap``'s.
+    ``pad_reload`` ("regs" with a mask): the padding flag loaded again for the writes instead of
+    held in a register across the routing; default (None): where it won, ``pad_reload_served``.
     """
     tensors = [gating_output] + ([is_padding] if is_padding is not None else [])
     num_tokens, num_experts = gating_output.shape
@@ -347,10 +356,13 @@ def fused_grouped_topk(
                 top4 = top4_served(num_tokens, drops, size)
             if pair_union is None:
                 pair_union = pair_union_served(num_tokens, drops, size)
+            if pad_reload is None:
+                pad_reload = pad_reload_served(num_tokens, drops, size)
             pairs_ok = short_chain and lanes >= 4  # _pair_thr8 needs 2 pairs of lanes
             _grouped_topk_regs_kernel[grid](*args, P=lanes, SP=sp, LPG=lpg, SHORT_CHAIN=short_chain,
                                             EARLY_FLAG=bool(early_flag), TOP4=bool(top4 and pairs_ok),
                                             PAIRS=bool(pair_union and pairs_ok),
+                                            PAD_RELOAD=bool(pad_reload and is_padding is not None),
                                             **cap,
                                             **extra, **common)
     else:

@@ -97,6 +97,7 @@ def _grouped_topk_regs_kernel(
     EARLY_FLAG: tl.constexpr = False,
     TOP4: tl.constexpr = False,
     PAIRS: tl.constexpr = False,
+    PAD_RELOAD: tl.constexpr = False,
 ):
     """P lanes per token, lane p holding experts [p SP, (p + 1) SP) (its group when groups
     are dropped: P = G) in registers for the whole kernel: every logit is read and put
@@ -116,7 +117,10 @@ def _grouped_topk_regs_kernel(
     ``TOPK`` values >= thr.  ``TOP4`` (with it): lanes sort their 4 best (``top4_served``), the
     threshold by ``_pair_thr8``, and where a lane holds <= 32 logits the output written in each
     branch of the block's exactness test, the common one knowing a lane takes <= 4.  ``PAIRS``:
-    the 8-lists' threshold by ``_pair_thr8`` too (``pair_union_served``).
+    the 8-lists' threshold by ``_pair_thr8`` too (``pair_union_served``).  ``PAD_RELOAD``: the
+    padding flag loaded again after the routing for the writes, so that it holds no register across
+    the routing: under the 64-register cap ptxas otherwise sinks a logits load below the first
+    sigmoids (masked 16-bit DeepSeek-V3 with the pairs, SASS from Triton 3.6's ptxas).
     """
     NEG: tl.constexpr = float("-inf")
     NCH: tl.constexpr = SP // VEC
@@ -191,6 +195,9 @@ def _grouped_topk_regs_kernel(
         keep = tl.full([BLOCK_M, P], 1, tl.int1)
     ok_st = row_ok
     if HAS_PAD:
+        if PAD_RELOAD:  # the flag again (an L1 hit) instead of kept live across the routing; the
+            # cache modifier keeps LLVM from merging the two loads (a plain reload is merged)
+            pad = tl.load(pad_ptr + rr.to(tl.int64) * pad_stride, mask=row_ok, other=0, cache_modifier=".ca") != 0
         ok_st = ok_st & (pad == 0)
     # the lane's taken experts as bits (m0: 32 or 64 of them)
     if SP > 32:
