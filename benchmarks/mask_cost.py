@@ -14,7 +14,7 @@ Variants, all with the ``default_config`` kernel the plugin launches:
   again        no mask, its own graph (A/A)
   nopad        mask given, no row padded: what the mask costs where it changes nothing
   nopad_loads  the same, logits loaded without waiting for the flag (``skip_padded_loads=False``)
-  pad25        25 % of rows padded (padded rows skip their logits above 1024 tokens)
+  pad25        25 % of rows padded (padded rows skip their logits where ``skip_padded_loads_served``)
   pad25_loads  25 % padded, padded rows still load their logits (``skip_padded_loads=False``)
   *_late       nopad / nopad_loads with ``early_flag=False``: the flag's load where ptxas puts it,
                after the routing, instead of with the logits' (served for routers that drop

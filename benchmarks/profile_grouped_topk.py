@@ -7,7 +7,7 @@ the mask (25 % of rows padded) and with the mask but no row padded, per size and
 
 Launch order (ncu lists them in this order): for each (router, dtype, T) in CASES:
 no mask, mask 25 %, mask none padded.  The kernel reads 1 byte per token more with the
-mask, and padded rows skip their logits above 1024 tokens; what else the mask costs shows
+mask, and padded rows skip their logits ("regs" above 4096 tokens); what else the mask costs shows
 as executed instructions.
 
 ``--sass`` (no GPU needed, Triton installed): compiles the three kernels for sm_90 the way a
@@ -95,7 +95,7 @@ def sass_stats(kernels=None, routers=None):
                 for v, kw in (("", {}), ("+top4", {"TOP4": True}), ("+pairs", {"PAIRS": True})):
                     variants["regs+short" + v + at] = (m._grouped_topk_regs_kernel,
                                                        {**base, "SHORT_CHAIN": True, **kw})
-                # padded rows load their logits (served up to 1024 tokens), the flag's load sunk or early
+                # padded rows load their logits ("regs": served up to 4096 tokens), the flag's load sunk or early
                 for e in ("", "+early"):
                     variants["regs+mask+short+loads" + e + at] = (m._grouped_topk_regs_kernel, dict(
                         masked, SHORT_CHAIN=True, SKIP_PADDED_LOADS=False, EARLY_FLAG=bool(e)))

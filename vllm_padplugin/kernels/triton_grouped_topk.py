@@ -104,7 +104,7 @@ def short_chain_served(num_tokens: int, drops_groups: bool) -> bool:
 
 def early_flag_served(drops_groups: bool) -> bool:
     """Whether "regs" issues the padding flag's load with the logits' (``EARLY_FLAG``; it acts
-    where padded rows load their logits, by default up to 1024 tokens): where it won on the H100
+    where padded rows load their logits, by default up to 4096 tokens): where it won on the H100
     (benchmarks/mask_cost.py, results/mask_cost_h100_early_flag.*: the mask with nothing padded
     from +1.3-6.0 % to -0.0-+2.8 % at <= 1024 tokens).  Routers that drop groups (DeepSeek-V3):
     yes.  Routers that keep every group (Kimi-style): no (+1.1 to +1.9 points at 16 / 64 tokens)."""
@@ -136,6 +136,16 @@ def pair_union_served(num_tokens: int, drops_groups: bool, itemsize: int) -> boo
     if drops_groups:
         return itemsize < 4 and num_tokens >= 8192
     return itemsize < 4 and num_tokens > 1024
+
+
+def skip_padded_loads_served(num_tokens: int, kernel: str) -> bool:
+    """Whether padded rows skip their logits load (their loads then wait for the padding flag):
+    "regs" above 4096 tokens, the other kernels above 1024.  At 4096 tokens "regs" with nothing
+    padded paid 0.7-2.6 points more for the mask when its loads waited for the flag, every router
+    and dtype, H200 and H100 (benchmarks/mask_cost.py, results/mask_cost_h{100,200}_served_pairs.*:
+    nopad against nopad_loads); a quarter padded, skipping still saves 4-5 points there.  Above 4096
+    loading them cost more (fp32 Kimi-style +6 to +13 % at 16384 / 32768)."""
+    return num_tokens > (4096 if kernel == "regs" else 1024)
 
 
 def pad_reload_served(num_tokens: int, drops_groups: bool, itemsize: int) -> bool:
@@ -212,8 +222,9 @@ def fused_grouped_topk(
     ``gating_output``: [T, E] float32 / bfloat16 / float16 logits.
     ``out`` = preallocated ``(weights, ids)`` (contiguous [T, topk]) to write into.
     ``is_padding`` may be longer than the batch; only ``[:T]`` is read.
-    ``skip_padded_loads`` (default: above 1024 tokens) makes padded rows skip their logits
-    load, which pays when bandwidth-bound and costs a dependent load when latency-bound.
+    ``skip_padded_loads`` makes padded rows skip their logits load, which pays when
+    bandwidth-bound and costs a dependent load when latency-bound; default (None): where it paid,
+    ``skip_padded_loads_served``.
     Ids within a row come in ascending expert order (the set is the reference's).
     ``kernel`` ("tile" / "parts" / "regs" / "rows"), ``block_m`` (tile; for regs the tokens per
     program, i.e. 32 x num_warps / lanes per token) and ``num_warps`` override
@@ -325,7 +336,8 @@ def fused_grouped_topk(
         HAS_BIAS=e_score_correction_bias is not None,
         HAS_PAD=is_padding is not None,
         RENORM=renormalize,
-        SKIP_PADDED_LOADS=(num_tokens > 1024) if skip_padded_loads is None else skip_padded_loads,
+        SKIP_PADDED_LOADS=(skip_padded_loads_served(num_tokens, kern) if skip_padded_loads is None
+                           else skip_padded_loads),
         BLOCK_M=bm,
         BLOCK_K=triton.next_power_of_2(topk),
         num_warps=nw,
