@@ -44,6 +44,11 @@ from pathlib import Path
 import pytest
 import torch
 from compat_helpers import FX
+from test_router_masking import (  # the GPU-platform proxy, the DeepEP v2 config, the row check
+    NotCpuPlatform,
+    assert_masked_rows_only,
+    deepep_v2_config,
+)
 
 from vllm_padplugin import platforms, relocate, routing, state
 from vllm_padplugin.compat_utils import fake_function
@@ -320,15 +325,6 @@ def main_like_router(premask: bool):
     return cls(), seen
 
 
-def assert_masked_rows_only(w, ids, ref_w, ref_ids, pad=PAD):
-    for r, p in enumerate(pad[:T]):
-        if p:
-            assert torch.all(ids[r] == -1) and torch.all(w[r] == 0), f"row {r} not masked"
-        else:
-            assert torch.equal(w[r].view(torch.int32), ref_w[r].view(torch.int32)), f"row {r} weights changed"
-            assert torch.equal(ids[r], ref_ids[r]), f"row {r} ids changed"
-
-
 @pytest.mark.vllm
 @pytest.mark.parametrize("premask", [False, True], ids=["grouped-path", "upstream-already-masked"])
 def test_compute_routing_wrapper_forwards_input_ids(vllm, own_state, premask):
@@ -401,27 +397,6 @@ def test_real_select_experts_hands_input_ids_through_our_mask(vllm, own_state):
 
 
 # -- end to end on real vLLM 0.32: main's factory shape, our wrapper, vLLM's routers ---------
-
-class NotCpuPlatform:
-    """Proxy of the real CPU platform whose is_cpu() is False, so vLLM's factory builds the
-    routers it builds on a GPU (as in test_router_masking)."""
-
-    def __init__(self, real):
-        self._real = real
-
-    def is_cpu(self):
-        return False
-
-    def __getattr__(self, name):
-        return getattr(self._real, name)
-
-
-def deepep_v2_config():
-    from vllm.config import ParallelConfig, VllmConfig
-
-    return VllmConfig(parallel_config=ParallelConfig(
-        enable_expert_parallel=True, data_parallel_size=2, all2all_backend="deepep_v2"))
-
 
 @pytest.mark.vllm
 def test_main_factory_on_real_vllm_masks_grouped_only(plugin_sandbox, monkeypatch):
