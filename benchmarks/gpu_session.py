@@ -6,14 +6,16 @@ gets a deadline inside the call's budget, a stage whose time is gone is skipped 
 silently), and a stage stopped at its deadline keeps what it wrote under ``--out``.  The stage
 list lives here, in the repository, so a new checkout can send it without rebuilding anything.
 
-``PLAN`` is what issue 11 needs next: the served table (``gpu_masking.py``) with vLLM's own grouped
-top-k beside it where ``VLLM_SRC`` travelled (carry ``.device``; the two vLLM files
+``PLAN`` is what issue 11 needs next, in order: the A/B of ``pad_reload`` (the padding flag loaded
+again for the writes; prepared 2026-12-07, not timed yet: every variant against the unmasked served
+build, the mask with nothing padded and a quarter padded, with and without it), the GPU tests of the
+served path and its variants, the served table (``gpu_masking.py``) with vLLM's own grouped top-k
+beside it where ``VLLM_SRC`` travelled (carry ``.device``; the two vLLM files
 ``benchmarks/vllm_grouped_topk.py`` reads: ``tar -C <vLLM 0.32.0 release tree> -cJf
 .device/vllm-0.32.0-grouped_topk.tar.xz vllm/model_executor/layers/fused_moe/router/grouped_topk_router.py
-vllm/model_executor/utils.py``), the mask's cost timed interleaved (``mask_cost.py``), an Nsight
-Compute profile of the served build masked and not, then the GPU tests of the served path and its
-variants.  It ran on an H100 on 2026-12-07 (but ncu, added after); on an H200 it would give the
-served build's figures there (benchmarks/RESULTS.md: the H200's are of the build before).
+vllm/model_executor/utils.py``), the mask's cost timed interleaved (``mask_cost.py``), and an Nsight
+Compute profile of the served build masked and not.  Without the A/B it ran on an H100 and on an
+H200 on 2026-12-07 (benchmarks/RESULTS.md).
 
     python benchmarks/gpu_session.py --out "$OUT"               # on the device (run tool)
     python benchmarks/gpu_session.py --out "$OUT" --budget 240 --only served tests
@@ -48,8 +50,16 @@ class Stage:
 
 
 SERVED_TESTS = ("gpu and ((matches_reference or wide_lanes or ties_lowest_id or in_cuda_graph) and not tile"
-                " and not rows and not parts and not variants or variants and (top4 or pair_union))")
+                " and not rows and not parts and not variants or variants and (top4 or pair_union or pad_reload))")
+PAD_RELOAD_AB = ("--candidate", "m:padding=none", "--candidate", "mr:padding=none,pad_reload=True",
+                 "--candidate", "mrl:padding=none,pad_reload=True,skip_padded_loads=False",
+                 "--candidate", "m25:padding=pad25", "--candidate", "mr25:padding=pad25,pad_reload=True")
 PLAN = (
+    Stage("pad_reload_ab", ("{py}", "benchmarks/kernel_ab.py", "--padding", "off", "--tokens", "4096", "8192", "16384",
+                            "32768", "--rounds", "15", *PAD_RELOAD_AB, "--json", "{out}/kernel_ab_pad_reload.json",
+                            "--plot", "{out}/kernel_ab_pad_reload.png"), 180, 60),
+    Stage("tests", ("{py}", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_triton_kernels.py",
+                    "-k", SERVED_TESTS), 280),  # 200 s ran out on a fresh H200 (kernels compiling)
     Stage("served", ("{py}", "benchmarks/gpu_masking.py", "--skip-mask-table",
                      "--tokens", "16", "256", "1024", "4096", "8192", "16384", "32768",
                      "--vllm-src", VLLM_SRC, "--json", "{out}/gpu_masking.json",
@@ -62,8 +72,6 @@ PLAN = (
                   "--section", "SchedulerStats", "--section", "Occupancy", "--metrics",
                   "smsp__inst_executed.sum,gpu__time_duration.sum,launch__registers_per_thread,dram__bytes_read.sum",
                   "{py}", "benchmarks/profile_grouped_topk.py"), 150, 60),
-    Stage("tests", ("{py}", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_triton_kernels.py",
-                    "-k", SERVED_TESTS), 280),  # 200 s ran out on a fresh H200 (kernels compiling)
 )
 
 
