@@ -93,10 +93,11 @@ def ensure(vllm_version: str, root: Path, keep: int, install_plugin: bool) -> Pa
             _log(f"built {venv} in {time.monotonic() - t0:.0f}s")
         os.utime(venv / ".complete")  # mark as recently used
         prune(root, keep, venv)
-    if install_plugin:
-        # Cheap (seconds); re-done every time so the venv points at *this* checkout.
-        _run([str(venv / "bin" / "python"), "-m", "pip", "install", "--no-input", "-q",
-              "--no-deps", "--no-build-isolation", "-e", str(REPO)])
+        if install_plugin:
+            # Cheap (seconds); re-done every time so the venv points at *this* checkout.  Under
+            # the lock: two runs at once (two clones) raced in pip and one failed (OSError).
+            _run([str(venv / "bin" / "python"), "-m", "pip", "install", "--no-input", "-q",
+                  "--no-deps", "--no-build-isolation", "-e", str(REPO)])
     return venv
 
 

@@ -81,3 +81,25 @@ def test_releases_script_fails_clearly_for_unknown_version(tmp_path):
     )
     assert out.returncode != 0
     assert not (tmp_path / "0.0.0.999" / ".complete").exists()
+
+
+def test_concurrent_runs_install_the_checkout_one_at_a_time(tmp_path):
+    """Two runs of ci/vllm_venv.py at once (the demo and the tests from two clones, 2026-12-07)
+    raced in ``pip install -e`` into the shared venv: one removed the console script the other was
+    writing (OSError) and its CI run failed.  The install now happens under the cache's lock.  Real
+    script, two real processes; the venv is a stand-in whose ``bin/python`` records when each
+    install starts and ends (a real one takes minutes to build)."""
+    key, _ = vllm_venv.cache_key("0.32.0")
+    venv = tmp_path / key
+    (venv / "bin").mkdir(parents=True)
+    (venv / ".complete").touch()
+    log = tmp_path / "installs.log"
+    py = venv / "bin" / "python"
+    py.write_text(f"#!/bin/sh\necho start >> {log}\nsleep 1\necho end >> {log}\n")
+    py.chmod(0o755)
+    cmd = [sys.executable, str(REPO / "ci" / "vllm_venv.py"), "0.32.0", "--cache", str(tmp_path)]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for p in procs:
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 0 and out.strip() == str(venv), err
+    assert log.read_text().split() == ["start", "end", "start", "end"]
