@@ -143,7 +143,7 @@ def skip_padded_loads_served(num_tokens: int, kernel: str) -> bool:
     "regs" above 4096 tokens, the other kernels above 1024.  At 4096 tokens "regs" with nothing
     padded paid 0.7-2.6 points more for the mask when its loads waited for the flag, every router
     and dtype, H200 and H100 (benchmarks/mask_cost.py, results/mask_cost_h{100,200}_served_pairs.*:
-    nopad against nopad_loads); a quarter padded, skipping still saves 4-5 points there.  Above 4096
+    nopad against nopad_loads); a quarter padded, skipping saved 1.7-8.8 points there.  Above 4096
     loading them cost more (fp32 Kimi-style +6 to +13 % at 16384 / 32768)."""
     return num_tokens > (4096 if kernel == "regs" else 1024)
 
