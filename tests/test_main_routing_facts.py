@@ -44,8 +44,15 @@ from pathlib import Path
 import pytest
 import torch
 from compat_helpers import FX
-from test_router_masking import (  # the GPU-platform proxy, the DeepEP v2 config, the row check
+from test_router_masking import (  # the router's shape, the GPU-platform proxy, the DeepEP v2 config, the row check
+    PAD,
+    TOPG,
+    E,
+    G,
+    H,
+    K,
     NotCpuPlatform,
+    T,
     assert_masked_rows_only,
     deepep_v2_config,
 )
@@ -62,11 +69,6 @@ ROUTER_DIR = "vllm/model_executor/layers/fused_moe/router"
 P = inspect.Parameter
 KINDS = {"positional_or_keyword": P.POSITIONAL_OR_KEYWORD, "keyword_only": P.KEYWORD_ONLY}
 NEW_FACTORY_PARAMS = ("zero_expert_type", "num_logical_experts", "hash_indices_table")
-
-E, G, TOPG, K, H = 16, 4, 2, 2, 8
-PAD = [False, True, False, True, True, False, False]
-T = len(PAD)
-
 
 class Default:
     """Stands for one parameter's default: the facts record THAT main has one, not its value."""
