@@ -91,10 +91,14 @@ def sass_stats(kernels=None, routers=None):
                 variants["regs+mask+short+pairs+reload" + at] = (m._grouped_topk_regs_kernel,
                                                                  dict(masked, SHORT_CHAIN=True, PAIRS=True,
                                                                       PAD_RELOAD=True))
-                # the same three served builds without the mask: what the mask changes in them
+                # the same three served builds without the mask: what the mask changes in them; each
+                # also with its logits loaded lane-fastest (flat_loads)
                 for v, kw in (("", {}), ("+top4", {"TOP4": True}), ("+pairs", {"PAIRS": True})):
-                    variants["regs+short" + v + at] = (m._grouped_topk_regs_kernel,
-                                                       {**base, "SHORT_CHAIN": True, **kw})
+                    for f in ("", "+flat"):
+                        variants["regs+short" + v + f + at] = (m._grouped_topk_regs_kernel,
+                                                               {**base, "SHORT_CHAIN": True, **kw, "FLAT": bool(f)})
+                variants["regs+mask+short+pairs+flat" + at] = (m._grouped_topk_regs_kernel,
+                                                               dict(masked, SHORT_CHAIN=True, PAIRS=True, FLAT=True))
                 # padded rows load their logits ("regs": served up to 4096 tokens), the flag's load sunk or early
                 for e in ("", "+early"):
                     variants["regs+mask+short+loads" + e + at] = (m._grouped_topk_regs_kernel, dict(
@@ -131,7 +135,9 @@ def sass_stats(kernels=None, routers=None):
                        "common_path": common_path(ins) if name.startswith("regs") else None,
                        "late_loads": late_loads(ins) if name.startswith("regs") else None,
                        "registers": int(regs.group(1)) if regs else None, "stack": int(stack.group(1)) if stack else None,
-                       "loops": [(b - a) // 16 + 1 for a, b in loops], "options": opts}
+                       "loops": [(b - a) // 16 + 1 for a, b in loops], "options": opts,
+                       "shuffles": sum(t.startswith("SHFL") for _, t in ins),
+                       "wide_loads": sum(bool(re.match(r"(@!?P\d+ )?LDG\.E\.(64|128) ", t)) for _, t in ins)}
 
 
 def sass_instructions(sass: str) -> list[tuple[str, str]]:
@@ -186,7 +192,7 @@ def sass_counts() -> None:
         cp = f"common path {r['common_path']}, " if r["common_path"] else ""
         cp += f"{r['late_loads']} late logits loads, " if r["late_loads"] is not None else ""
         print(f"{r['name']:22} {r['router']:11} {r['dtype']}: {cp}{r['instructions']} SASS instructions, "
-              f"{r['registers']} registers, {r['stack']} B stack, loop bodies {r['loops']}")
+              f"{r['shuffles']} shuffles, {r['registers']} registers, {r['stack']} B stack, loop bodies {r['loops']}")
 
 
 def main() -> None:

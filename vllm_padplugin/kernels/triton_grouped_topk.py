@@ -154,6 +154,14 @@ def pad_reload_served(num_tokens: int, drops_groups: bool, itemsize: int) -> boo
     return False
 
 
+def flat_loads_served(num_tokens: int, drops_groups: bool, itemsize: int) -> bool:
+    """Whether "regs" loads its logits as [1, BM P, VEC] (``FLAT``) instead of [BM, P, VEC]: not yet
+    served anywhere (2026-12-07: waiting for its A/B).  SASS for sm_90 with the device's Triton 3.6:
+    2.6-6.8 % fewer instructions on the common path of the served 8- and 16-lane builds (the shuffles
+    that change the choices' layout gone); with Triton 3.9 (the CI's) +0.1 to +1.6 %."""
+    return False
+
+
 def default_config(num_tokens: int, num_experts: int, dtype: torch.dtype | None = None, *,
                    num_expert_group: int = 1, topk_group: int = 1, topk: int = 8) -> tuple[str, int, int]:
     """(kernel, BLOCK_M, num_warps) for a batch: the entry for the largest key <= T of
@@ -216,6 +224,7 @@ def fused_grouped_topk(
     pair_union: bool | None = None,
     max_registers: int | None = None,
     pad_reload: bool | None = None,
+    flat_loads: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sigmoid grouped top-k + mask in one launch; returns ``(weights f32, ids i32)``.
 
@@ -252,6 +261,9 @@ def fused_grouped_topk(
     ``max_registers`` ("regs"): the register cap to compile with instead of ``_regs_cap``'s.
     ``pad_reload`` ("regs" with a mask): the padding flag loaded again for the writes instead of
     held in a register across the routing; default (None): where it won, ``pad_reload_served``.
+    ``flat_loads`` ("regs"): the logits loaded lane-fastest as [1, BM P, VEC], so that Triton 3.6
+    gives the choices the lanes' layout without a shuffle each; default (None): where it won,
+    ``flat_loads_served``.
     """
     tensors = [gating_output] + ([is_padding] if is_padding is not None else [])
     num_tokens, num_experts = gating_output.shape
@@ -370,11 +382,14 @@ def fused_grouped_topk(
                 pair_union = pair_union_served(num_tokens, drops, size)
             if pad_reload is None:
                 pad_reload = pad_reload_served(num_tokens, drops, size)
+            if flat_loads is None:
+                flat_loads = flat_loads_served(num_tokens, drops, size)
             pairs_ok = short_chain and lanes >= 4  # _pair_thr8 needs 2 pairs of lanes
             _grouped_topk_regs_kernel[grid](*args, P=lanes, SP=sp, LPG=lpg, SHORT_CHAIN=short_chain,
                                             EARLY_FLAG=bool(early_flag), TOP4=bool(top4 and pairs_ok),
                                             PAIRS=bool(pair_union and pairs_ok),
                                             PAD_RELOAD=bool(pad_reload and is_padding is not None),
+                                            FLAT=bool(flat_loads),
                                             **cap,
                                             **extra, **common)
     else:

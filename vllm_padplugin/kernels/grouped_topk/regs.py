@@ -12,16 +12,28 @@ from vllm_padplugin.kernels.grouped_topk.regs_union import _kept, _lanes_thr, _t
 
 @triton.jit
 def _chunk_choices(xs, bp, BM: tl.constexpr, P: tl.constexpr, VEC: tl.constexpr, NCH: tl.constexpr,
-                   HAS_BIAS: tl.constexpr, FAST: tl.constexpr):
+                   HAS_BIAS: tl.constexpr, FAST: tl.constexpr, FLAT: tl.constexpr = False):
     """A lane's choices (sigmoid + bias) from its NCH loaded chunks of logits ``xs``, as a
-    tuple of NCH x VEC [BM, P] columns in ascending expert id."""
+    tuple of NCH x VEC [BM, P] columns in ascending expert id.  ``FLAT``: the chunks are
+    [1, BM P, VEC] (``_flat``), each column reshaped to [BM, P]."""
     cv = ()
     for ci in tl.static_range(NCH):
         xv = _sigmoid_rows(xs[ci].to(tl.float32), FAST)
         if HAS_BIAS:
             xv = xv + tl.load(bp + ci * VEC).to(tl.float32)
-        cv = cv + _split_lanes(xv, BM, P, VEC)
+        if FLAT:
+            cols = _split_lanes(xv, 1, BM * P, VEC)
+            for c in tl.static_range(VEC):
+                cv = cv + (tl.reshape(cols[c], [BM, P]),)
+        else:
+            cv = cv + _split_lanes(xv, BM, P, VEC)
     return cv
+
+
+@triton.jit
+def _flat(x, BM: tl.constexpr, P: tl.constexpr):
+    """[BM, P] (or [BM, 1]) -> [1, BM P, 1], lane fastest: the shape of ``FLAT`` loads."""
+    return tl.reshape(tl.broadcast_to(x, [BM, P]), [1, BM * P])[:, :, None]
 
 
 @triton.jit
@@ -35,9 +47,9 @@ def _lane_logits(rowp, lm, VEC: tl.constexpr, NCH: tl.constexpr):
 
 @triton.jit
 def _lane_choices(rowp, bp, lm, BM: tl.constexpr, P: tl.constexpr, VEC: tl.constexpr, NCH: tl.constexpr,
-                  HAS_BIAS: tl.constexpr, FAST: tl.constexpr):
+                  HAS_BIAS: tl.constexpr, FAST: tl.constexpr, FLAT: tl.constexpr):
     """``_chunk_choices`` of the lane's logits loaded again (from cache)."""
-    return _chunk_choices(_lane_logits(rowp, lm, VEC, NCH), bp, BM, P, VEC, NCH, HAS_BIAS, FAST)
+    return _chunk_choices(_lane_logits(rowp, lm, VEC, NCH), bp, BM, P, VEC, NCH, HAS_BIAS, FAST, FLAT)
 
 
 @triton.jit
@@ -98,6 +110,7 @@ def _grouped_topk_regs_kernel(
     TOP4: tl.constexpr = False,
     PAIRS: tl.constexpr = False,
     PAD_RELOAD: tl.constexpr = False,
+    FLAT: tl.constexpr = False,
 ):
     """P lanes per token, lane p holding experts [p SP, (p + 1) SP) (its group when groups
     are dropped: P = G) in registers for the whole kernel: every logit is read and put
@@ -120,7 +133,12 @@ def _grouped_topk_regs_kernel(
     the 8-lists' threshold by ``_pair_thr8`` too (``pair_union_served``).  ``PAD_RELOAD``: the
     padding flag loaded again after the routing for the writes, so that it holds no register across
     the routing: under the 64-register cap ptxas otherwise sinks a logits load below the first
-    sigmoids (masked 16-bit DeepSeek-V3 with the pairs, SASS from Triton 3.6's ptxas).
+    sigmoids (masked 16-bit DeepSeek-V3 with the pairs, SASS from Triton 3.6's ptxas).  ``FLAT``:
+    the logits and bias loaded as [1, BM P, VEC] (lane fastest), each column then reshaped to
+    [BM, P].  Loaded as [BM, P, VEC], Triton 3.6's coalescing puts the rows fastest over the threads
+    (its stable sort of equal contiguities keeps dim 0 first; 3.9 does not), the lanes' [BM, P]
+    layout puts the lanes fastest, and every column of choices and sorted values then takes a
+    shuffle to change layout (SASS for sm_90: 43-66 more shuffles a thread).  Flat, both agree.
     """
     NEG: tl.constexpr = float("-inf")
     NCH: tl.constexpr = SP // VEC
@@ -147,19 +165,32 @@ def _grouped_topk_regs_kernel(
     vv = tl.arange(0, VEC)[None, None, :]
     e_lane = lane * SP  # first expert of each lane
     rows64 = rows.to(tl.int64)[:, None]
-    rowp = logits_ptr + rows64[:, :, None] * stride_t + e_lane[:, :, None] + vv  # [BM, P, VEC]
-    # the bias as [BM, P, VEC] too (rows re-read it from L1): a [1, P, VEC] load gets another
-    # layout and a shared-memory conversion per chunk
-    bp = bias_ptr + (e_lane[:, :, None] + vv + 0 * rows[:, None, None])
-    lm = live[:, :, None]
+    if FLAT:  # [1, BM P, VEC], lane fastest (see the docstring); offsets from a flat index, whose
+        # divisibility Triton's analysis follows (through a reshape it does not: 2-byte loads)
+        fi = tl.arange(0, BLOCK_M * P)[None, :, None]
+        frow = pid * BLOCK_M + fi // P
+        e_flat = (fi % P) * SP
+        rowp = logits_ptr + frow.to(tl.int64) * stride_t + e_flat + vv
+        bp = bias_ptr + e_flat + vv
+        lm = _flat(live, BLOCK_M, P)
+    else:
+        rowp = logits_ptr + rows64[:, :, None] * stride_t + e_lane[:, :, None] + vv  # [BM, P, VEC]
+        # the bias as [BM, P, VEC] too (rows re-read it from L1): a [1, P, VEC] load gets another
+        # layout and a shared-memory conversion per chunk
+        bp = bias_ptr + (e_lane[:, :, None] + vv + 0 * rows[:, None, None])
+        lm = live[:, :, None]
 
     xs = _lane_logits(rowp, lm, VEC, NCH)  # every load first: NCH 16-byte loads in flight per lane
     if HAS_PAD and not SKIP_PADDED_LOADS and EARLY_FLAG:
         # the flag's first use beside the first logits' (a padded row's chunk zeroed: its
         # output is (-1, 0) anyway): else ptxas sinks the flag's load to its first use after
         # the routing, and its latency adds to the block's
-        xs = (tl.where(pad[:, :, None], tl.zeros_like(xs[0]), xs[0]),) + xs[1:]
-    cv = _chunk_choices(xs, bp, BLOCK_M, P, VEC, NCH, HAS_BIAS, FAST_SIGMOID)
+        if FLAT:
+            pad3 = _flat(pad, BLOCK_M, P)
+        else:
+            pad3 = pad[:, :, None]
+        xs = (tl.where(pad3, tl.zeros_like(xs[0]), xs[0]),) + xs[1:]
+    cv = _chunk_choices(xs, bp, BLOCK_M, P, VEC, NCH, HAS_BIAS, FAST_SIGMOID, FLAT)
     if TOP4:  # each lane's 4 best only; the 8 best when a row needs them (below)
         Lt = _top_sorted(cv, SP, 4)
     else:
@@ -217,7 +248,7 @@ def _grouped_topk_regs_kernel(
         exact = (tl.sum(n_take, axis=1)[:, None] == TOPK) | (ok_st == 0)
         if tl.min(tl.reshape(exact.to(tl.int32), [BLOCK_M * exact.shape[1]]), axis=0) == 0:
             if TOP4:  # the choices again (kept live, they cost spills), the 8 best a lane, thr
-                c8 = _lane_choices(rowp, bp, lm, BLOCK_M, P, VEC, NCH, HAS_BIAS, FAST_SIGMOID)
+                c8 = _lane_choices(rowp, bp, lm, BLOCK_M, P, VEC, NCH, HAS_BIAS, FAST_SIGMOID, FLAT)
                 tk = _lanes_thr(_kept(_top_sorted(c8, SP, 8), keep), keep, lane, BLOCK_M, P, True)
                 m = _bits(c8, tk, m0, SP, BY_WORDS=True)
                 n_take = _popc(m, FAST_SIGMOID, SP)
@@ -234,12 +265,12 @@ def _grouped_topk_regs_kernel(
             if SPLIT_WRITE:
                 _slots_write(logits_ptr, w_out_ptr, ids_out_ptr, rows64, stride_t, lane, m,
                              tl.cumsum(n_take, axis=1) - n_take, scale, ok_st, row_ok, pad, FAST_SIGMOID, BLOCK_M,
-                             P, SP, TOPK, RENORM, TOPK)
+                             P, SP, TOPK, RENORM, TOPK, FLAT)
         else:
             if SPLIT_WRITE:  # a routed row's lane takes at most 4: 5 >= thr4 would make 9 in the row
                 _slots_write(logits_ptr, w_out_ptr, ids_out_ptr, rows64, stride_t, lane, m,
                              tl.cumsum(n_take, axis=1) - n_take, scale, ok_st, row_ok, pad, FAST_SIGMOID, BLOCK_M,
-                             P, SP, TOPK, RENORM, 4)
+                             P, SP, TOPK, RENORM, 4, FLAT)
         off = tl.cumsum(n_take, axis=1) - n_take  # first output slot of each lane
     else:
         t2, n_gt, n_eq, take_eq, off = _union_slots(Lt, BLOCK_M, TOPK, True)
@@ -260,7 +291,7 @@ def _grouped_topk_regs_kernel(
     if SP <= 32:
         if not SPLIT_WRITE:
             _slots_write(logits_ptr, w_out_ptr, ids_out_ptr, rows64, stride_t, lane, m, off, scale, ok_st,
-                         row_ok, pad, FAST_SIGMOID, BLOCK_M, P, SP, TOPK, RENORM, TOPK)
+                         row_ok, pad, FAST_SIGMOID, BLOCK_M, P, SP, TOPK, RENORM, TOPK, FLAT)
     else:
         ok2 = ok_st & keep
         obase = rows64 * TOPK

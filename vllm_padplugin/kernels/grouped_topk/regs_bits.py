@@ -88,7 +88,7 @@ def _popc(m, FAST: tl.constexpr, SP: tl.constexpr):
 @triton.jit
 def _slots_write(logits_ptr, w_out_ptr, ids_out_ptr, rows64, stride_t, lane, m, off, scale, ok_st, row_ok, pad,
                  FAST: tl.constexpr, BM: tl.constexpr, P: tl.constexpr, SP: tl.constexpr, TOPK: tl.constexpr,
-                 RENORM: tl.constexpr, JMAX: tl.constexpr):
+                 RENORM: tl.constexpr, JMAX: tl.constexpr, FLAT: tl.constexpr = False):
     """Lane s writes output slot s (s, s + P, .. when P < TOPK): the lanes' taken experts
     (bit masks ``m``) fill slots [off, off + its count) in ascending id, so slot s belongs
     to the last lane whose ``off`` <= s (``off`` is non-decreasing: a binary search over
@@ -96,7 +96,9 @@ def _slots_write(logits_ptr, w_out_ptr, ids_out_ptr, rows64, stride_t, lane, m, 
     One logit reload a slot, all slots of a row at once, the weight sum by a shuffle
     reduction: no loop whose trip count is the busiest lane's, no barrier and no reload of
     written weights.  Padded rows get (-1, 0) from the same stores.  ``JMAX``: the most
-    experts a routed row's lane takes (one dependent bit drop per taken expert but the last)."""
+    experts a routed row's lane takes (one dependent bit drop per taken expert but the last).
+    ``FLAT``: the reload as one [BM P] vector (the kernel's ``FLAT``: else Triton 3.6 gives it the
+    rows-fastest layout, a shuffle for its pointer and one for its value)."""
     LOG_P: tl.constexpr = P.bit_length() - 1
     NS: tl.constexpr = (TOPK + P - 1) // P  # slots a lane
     ws = ()
@@ -120,7 +122,11 @@ def _slots_write(logits_ptr, w_out_ptr, ids_out_ptr, rows64, stride_t, lane, m, 
         bit = ((low.to(tl.float32).to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
         eid = q * SP + bit
         act = ok_st & (slot < TOPK)
-        x = tl.load(logits_ptr + rows64 * stride_t + eid, mask=act, other=0.0).to(tl.float32)
+        if FLAT:
+            x = tl.reshape(tl.load(tl.reshape(logits_ptr + rows64 * stride_t + eid, [BM * P]),
+                                   mask=tl.reshape(act, [BM * P]), other=0.0), [BM, P]).to(tl.float32)
+        else:
+            x = tl.load(logits_ptr + rows64 * stride_t + eid, mask=act, other=0.0).to(tl.float32)
         s = tl.where(act, _sigmoid_rows(x, FAST), 0.0)
         wsum += tl.sum(s, axis=1)
         ws = ws + (s,)
