@@ -7,9 +7,10 @@ silently), and a stage stopped at its deadline keeps what it wrote under ``--out
 list lives here, in the repository, so a new checkout can send it without rebuilding anything.
 
 ``PLAN`` is what issue 11 needs next, in order: the A/B of ``flat_loads`` (the logits loaded
-lane-fastest, 2.5-4.7 % fewer instructions with the device's Triton 3.6) and ``pad_reload`` (the
-padding flag loaded again for the writes; both prepared 2026-12-07, not timed yet: every variant
-against the unmasked served build, unmasked and with the mask, nothing padded), the GPU tests of the
+lane-fastest, 2.6-6.8 % fewer instructions with the device's Triton 3.6), ``bf16_pairs`` (bf16
+converted two a register, 2 % fewer) and ``pad_reload`` (the padding flag loaded again for the
+writes; all prepared 2026-12-07, not timed yet: every variant against the unmasked served build,
+unmasked and with the mask, nothing padded), the GPU tests of the
 served path and its variants, the served table (``gpu_masking.py``) with vLLM's own grouped top-k
 beside it where ``VLLM_SRC`` travelled (carry ``.device``; the two vLLM files
 ``benchmarks/vllm_grouped_topk.py`` reads: ``tar -C <vLLM 0.32.0 release tree> -cJf
@@ -52,10 +53,10 @@ class Stage:
 
 SERVED_TESTS = ("gpu and ((matches_reference or wide_lanes or ties_lowest_id or in_cuda_graph) and not tile"
                 " and not rows and not parts and not variants"
-                " or variants and (top4 or pair_union or pad_reload or flat))")
-FLAT_RELOAD_AB = ("--candidate", "f:flat_loads=True", "--candidate", "m:padding=none",
-                  "--candidate", "mf:padding=none,flat_loads=True", "--candidate", "mr:padding=none,pad_reload=True",
-                  "--candidate", "mfr:padding=none,flat_loads=True,pad_reload=True")
+                " or variants and (top4 or pair_union or pad_reload or flat or bf16_pairs))")
+FLAT_RELOAD_AB = ("--candidate", "f:flat_loads=True", "--candidate", "fp:flat_loads=True,bf16_pairs=True",
+                  "--candidate", "m:padding=none", "--candidate", "mfp:padding=none,flat_loads=True,bf16_pairs=True",
+                  "--candidate", "mr:padding=none,pad_reload=True")
 PLAN = (
     Stage("flat_reload_ab", ("{py}", "benchmarks/kernel_ab.py", "--padding", "off", "--tokens", "1024", "4096", "8192",
                              "16384", "32768", "--rounds", "15", *FLAT_RELOAD_AB, "--json", "{out}/kernel_ab_flat.json",

@@ -635,15 +635,18 @@ def test_gpu_regs_wide_lanes_matches_reference(E, G, TG, K, scale, T, dtype, lan
                                      {"short_chain": True, "top4": False, "pair_union": True},
                                      {"short_chain": True, "top4": False, "pair_union": False},
                                      {"max_registers": 72}, {"pad_reload": True}, {"flat_loads": True},
-                                     {"flat_loads": True, "early_flag": True, "skip_padded_loads": False}],
+                                     {"flat_loads": True, "early_flag": True, "skip_padded_loads": False},
+                                     {"flat_loads": True, "bf16_pairs": True}, {"bf16_pairs": True, "top4": True}],
                          ids=["long_chain", "short_chain", "early_flag", "top4", "top8", "pair_union",
-                              "no_pair_union", "max_registers_72", "pad_reload", "flat_loads", "flat_early_flag"])
+                              "no_pair_union", "max_registers_72", "pad_reload", "flat_loads", "flat_early_flag",
+                              "flat_bf16_pairs", "bf16_pairs_top4"])
 def test_gpu_regs_variants_match_reference(E, G, TG, K, scale, T, dtype, variant):
     """The "regs" variants benchmarks/kernel_ab.py and mask_cost.py time against the served build
     (the long and the short chain, each forced; the flag loaded early; lanes keeping their 4 best,
     with the threshold by pairs of lanes and the write split, or their 8, forced; the union of
     8-lists by pairs of lanes or by a butterfly, forced; a register cap of 72; the flag loaded again
-    for the writes; the logits loaded lane-fastest, alone and with the early flag), at the sizes they time, with a bias and a mask; integer logits (ties
+    for the writes; the logits loaded lane-fastest, alone and with the early flag; bf16 converted two
+    a register, with them and with top4's fallback), at the sizes they time, with a bias and a mask; integer logits (ties
     everywhere, so top4's fallback) too."""
     _regs_matches_reference(E, G, TG, K, scale, T, dtype, T + E + 3, **variant)
 

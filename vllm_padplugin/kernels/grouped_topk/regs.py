@@ -12,13 +12,19 @@ from vllm_padplugin.kernels.grouped_topk.regs_union import _kept, _lanes_thr, _t
 
 @triton.jit
 def _chunk_choices(xs, bp, BM: tl.constexpr, P: tl.constexpr, VEC: tl.constexpr, NCH: tl.constexpr,
-                   HAS_BIAS: tl.constexpr, FAST: tl.constexpr, FLAT: tl.constexpr = False):
+                   HAS_BIAS: tl.constexpr, FAST: tl.constexpr, FLAT: tl.constexpr = False,
+                   BF16_PAIRS: tl.constexpr = False):
     """A lane's choices (sigmoid + bias) from its NCH loaded chunks of logits ``xs``, as a
     tuple of NCH x VEC [BM, P] columns in ascending expert id.  ``FLAT``: the chunks are
-    [1, BM P, VEC] (``_flat``), each column reshaped to [BM, P]."""
+    [1, BM P, VEC] (``_flat``), each column reshaped to [BM, P].  ``BF16_PAIRS`` (bf16 logits):
+    converted by ``_bf16_pairs_to_f32`` (the interpreter: ``.to``)."""
     cv = ()
     for ci in tl.static_range(NCH):
-        xv = _sigmoid_rows(xs[ci].to(tl.float32), FAST)
+        if BF16_PAIRS and FAST:
+            x = _bf16_pairs_to_f32(xs[ci])
+        else:
+            x = xs[ci].to(tl.float32)
+        xv = _sigmoid_rows(x, FAST)
         if HAS_BIAS:
             xv = xv + tl.load(bp + ci * VEC).to(tl.float32)
         if FLAT:
@@ -28,6 +34,15 @@ def _chunk_choices(xs, bp, BM: tl.constexpr, P: tl.constexpr, VEC: tl.constexpr,
         else:
             cv = cv + _split_lanes(xv, BM, P, VEC)
     return cv
+
+
+@triton.jit
+def _bf16_pairs_to_f32(x):
+    """bf16 -> f32, two logits a 32-bit register: the lower one the register shifted up 16 bits,
+    the upper one the register with its low 16 bits cleared, one integer instruction a logit
+    (ptxas converts the upper one with a byte permute and a shift)."""
+    return tl.inline_asm_elementwise("{ shl.b32 $0, $2, 16; and.b32 $1, $2, 0xFFFF0000; }", "=r,=r,r", [x],
+                                     dtype=tl.float32, is_pure=True, pack=2)
 
 
 @triton.jit
@@ -47,9 +62,10 @@ def _lane_logits(rowp, lm, VEC: tl.constexpr, NCH: tl.constexpr):
 
 @triton.jit
 def _lane_choices(rowp, bp, lm, BM: tl.constexpr, P: tl.constexpr, VEC: tl.constexpr, NCH: tl.constexpr,
-                  HAS_BIAS: tl.constexpr, FAST: tl.constexpr, FLAT: tl.constexpr):
+                  HAS_BIAS: tl.constexpr, FAST: tl.constexpr, FLAT: tl.constexpr, BF16_PAIRS: tl.constexpr):
     """``_chunk_choices`` of the lane's logits loaded again (from cache)."""
-    return _chunk_choices(_lane_logits(rowp, lm, VEC, NCH), bp, BM, P, VEC, NCH, HAS_BIAS, FAST, FLAT)
+    return _chunk_choices(_lane_logits(rowp, lm, VEC, NCH), bp, BM, P, VEC, NCH, HAS_BIAS, FAST,
+                          FLAT, BF16_PAIRS)
 
 
 @triton.jit
@@ -111,6 +127,7 @@ def _grouped_topk_regs_kernel(
     PAIRS: tl.constexpr = False,
     PAD_RELOAD: tl.constexpr = False,
     FLAT: tl.constexpr = False,
+    BF16_PAIRS: tl.constexpr = False,
 ):
     """P lanes per token, lane p holding experts [p SP, (p + 1) SP) (its group when groups
     are dropped: P = G) in registers for the whole kernel: every logit is read and put
@@ -139,6 +156,7 @@ def _grouped_topk_regs_kernel(
     (its stable sort of equal contiguities keeps dim 0 first; 3.9 does not), the lanes' [BM, P]
     layout puts the lanes fastest, and every column of choices and sorted values then takes a
     shuffle to change layout (SASS for sm_90: 43-66 more shuffles a thread).  Flat, both agree.
+    ``BF16_PAIRS`` (bf16 logits): converted to f32 by ``_bf16_pairs_to_f32``.
     """
     NEG: tl.constexpr = float("-inf")
     NCH: tl.constexpr = SP // VEC
@@ -190,7 +208,7 @@ def _grouped_topk_regs_kernel(
         else:
             pad3 = pad[:, :, None]
         xs = (tl.where(pad3, tl.zeros_like(xs[0]), xs[0]),) + xs[1:]
-    cv = _chunk_choices(xs, bp, BLOCK_M, P, VEC, NCH, HAS_BIAS, FAST_SIGMOID, FLAT)
+    cv = _chunk_choices(xs, bp, BLOCK_M, P, VEC, NCH, HAS_BIAS, FAST_SIGMOID, FLAT, BF16_PAIRS)
     if TOP4:  # each lane's 4 best only; the 8 best when a row needs them (below)
         Lt = _top_sorted(cv, SP, 4)
     else:
@@ -248,7 +266,7 @@ def _grouped_topk_regs_kernel(
         exact = (tl.sum(n_take, axis=1)[:, None] == TOPK) | (ok_st == 0)
         if tl.min(tl.reshape(exact.to(tl.int32), [BLOCK_M * exact.shape[1]]), axis=0) == 0:
             if TOP4:  # the choices again (kept live, they cost spills), the 8 best a lane, thr
-                c8 = _lane_choices(rowp, bp, lm, BLOCK_M, P, VEC, NCH, HAS_BIAS, FAST_SIGMOID, FLAT)
+                c8 = _lane_choices(rowp, bp, lm, BLOCK_M, P, VEC, NCH, HAS_BIAS, FAST_SIGMOID, FLAT, BF16_PAIRS)
                 tk = _lanes_thr(_kept(_top_sorted(c8, SP, 8), keep), keep, lane, BLOCK_M, P, True)
                 m = _bits(c8, tk, m0, SP, BY_WORDS=True)
                 n_take = _popc(m, FAST_SIGMOID, SP)
