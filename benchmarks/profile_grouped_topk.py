@@ -91,14 +91,17 @@ def sass_stats(kernels=None, routers=None):
                 variants["regs+mask+short+pairs+reload" + at] = (m._grouped_topk_regs_kernel,
                                                                  dict(masked, SHORT_CHAIN=True, PAIRS=True,
                                                                       PAD_RELOAD=True))
-                # the same three served builds without the mask: what the mask changes in them; each
-                # also with its logits loaded lane-fastest (flat_loads)
+                # the same three served builds without the mask: what the mask changes in them; each,
+                # masked or not, also with its logits loaded lane-fastest (flat_loads) and, 16-bit, then
+                # converted two a register (bf16_pairs)
                 for v, kw in (("", {}), ("+top4", {"TOP4": True}), ("+pairs", {"PAIRS": True})):
-                    for f in ("", "+flat"):
-                        variants["regs+short" + v + f + at] = (m._grouped_topk_regs_kernel,
-                                                               {**base, "SHORT_CHAIN": True, **kw, "FLAT": bool(f)})
-                variants["regs+mask+short+pairs+flat" + at] = (m._grouped_topk_regs_kernel,
-                                                               dict(masked, SHORT_CHAIN=True, PAIRS=True, FLAT=True))
+                    variants["regs+short" + v + at] = (m._grouped_topk_regs_kernel, {**base, "SHORT_CHAIN": True, **kw})
+                    for mk, b in (("", base), ("+mask", masked)):
+                        flat = {**b, "SHORT_CHAIN": True, **kw, "FLAT": True}
+                        variants["regs" + mk + "+short" + v + "+flat" + at] = (m._grouped_topk_regs_kernel, flat)
+                        if dt == "bf16":
+                            variants["regs" + mk + "+short" + v + "+flat+bf16pairs" + at] = (
+                                m._grouped_topk_regs_kernel, {**flat, "BF16_PAIRS": True})
                 # padded rows load their logits ("regs": served up to 4096 tokens), the flag's load sunk or early
                 for e in ("", "+early"):
                     variants["regs+mask+short+loads" + e + at] = (m._grouped_topk_regs_kernel, dict(

@@ -351,6 +351,24 @@ def test_regs_flat_loads_take_no_more_shuffles_or_instructions():
             assert r["wide_loads"] == base["wide_loads"] > 0, (name, router, dt)
 
 
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed: no compiler")
+def test_regs_bf16_pairs_convert_with_fewer_instructions():
+    """``bf16_pairs`` exists because ptxas converts the upper bf16 of a register with a byte permute
+    and a shift (``PRMT`` + ``IMAD.U32``) where one ``LOP3`` does: the 16-bit builds it applies to
+    (DeepSeek-V3 8 lanes with the pairs, Kimi-style 16 lanes with top4; SASS for sm_90) must run at
+    least 12 instructions fewer on the common path than the same build with Triton's conversion
+    (16 and 12, Triton 3.6 and 3.9 alike) and keep their 16-byte loads.  Its bits are checked on the
+    GPU only (test_gpu_regs_variants_match_reference: inline PTX, which the interpreter cannot run)."""
+    names = {"regs+short+pairs+flat", "regs+short+pairs+flat+bf16pairs", "regs+short+top4+flat@16",
+             "regs+short+top4+flat+bf16pairs@16"}
+    stats = {(r["name"], r["router"]): r for r in _sass_stats(names, ("deepseek-v3", "kimi-style"))
+             if r["dtype"] == "bf16"}
+    for base, router in (("regs+short+pairs+flat", "deepseek-v3"), ("regs+short+top4+flat@16", "kimi-style")):
+        pairs = stats[(base.replace("+flat", "+flat+bf16pairs"), router)]
+        assert pairs["common_path"] <= stats[(base, router)]["common_path"] - 12, (base, router)
+        assert pairs["wide_loads"] == stats[(base, router)]["wide_loads"], (base, router)
+
+
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed: no interpreter to run the kernel source")
 @pytest.mark.parametrize("variant", [{"top4": True}, {"pair_union": True}, {"pad_reload": True}, {"flat_loads": True},
                                      {"flat_loads": True, "top4": True}],

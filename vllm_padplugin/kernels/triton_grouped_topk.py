@@ -156,9 +156,11 @@ def pad_reload_served(num_tokens: int, drops_groups: bool, itemsize: int) -> boo
 
 def flat_loads_served(num_tokens: int, drops_groups: bool, itemsize: int) -> bool:
     """Whether "regs" loads its logits as [1, BM P, VEC] (``FLAT``) instead of [BM, P, VEC]: not yet
-    served anywhere (2026-12-07: waiting for its A/B).  SASS for sm_90 with the device's Triton 3.6:
-    2.6-6.8 % fewer instructions on the common path of the served 8- and 16-lane builds (the shuffles
-    that change the choices' layout gone); with Triton 3.9 (the CI's) +0.1 to +1.6 %."""
+    served anywhere (2026-12-07: waiting for its A/B on the device, whose Triton is 3.6).  SASS for
+    sm_90 of the served builds' common path (results/sass_flat_loads_by_triton.json): Triton 3.6 2.6-6.4 %
+    fewer instructions unmasked, 2.5-6.9 % masked (the shuffles that change the choices' layout gone,
+    the flags read flat); Triton 3.7, 3.8 and 3.9 order the loads lane-fastest already (-0.2 to +1.8 %
+    with it).  Where it wins, the rule to serve it is the installed Triton being older than 3.7."""
     return False
 
 

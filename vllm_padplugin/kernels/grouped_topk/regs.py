@@ -173,20 +173,32 @@ def _grouped_topk_regs_kernel(
         rr = rows[:, None] + 0 * lane  # [BM, P]
     else:
         rr = rows[:, None]  # [BM, 1]
-    row_ok = rr < T
-    live = row_ok
-    pad = row_ok & False  # no mask: no row is padded
-    if HAS_PAD:
-        pad = tl.load(pad_ptr + rr.to(tl.int64) * pad_stride, mask=row_ok, other=0) != 0
-        if SKIP_PADDED_LOADS:
-            live = row_ok & (pad == 0)
+    fi = tl.arange(0, BLOCK_M * P)[None, :, None]  # FLAT: [1, BM P, 1], lane fastest (see the docstring)
+    frow = pid * BLOCK_M + fi // P
+    if FLAT and SP <= 32:  # the row flags flat, [BM, P] by a reshape (free; the other way round is not)
+        ok_f = frow < T
+        live_f = ok_f
+        pad_f = ok_f & False
+        if HAS_PAD:
+            pad_f = tl.load(pad_ptr + frow.to(tl.int64) * pad_stride, mask=ok_f, other=0) != 0
+            if SKIP_PADDED_LOADS:
+                live_f = ok_f & (pad_f == 0)
+        row_ok = tl.reshape(ok_f, [BLOCK_M, P])
+        pad = tl.reshape(pad_f, [BLOCK_M, P])
+        live = tl.reshape(live_f, [BLOCK_M, P])
+    else:
+        row_ok = rr < T
+        live = row_ok
+        pad = row_ok & False  # no mask: no row is padded
+        if HAS_PAD:
+            pad = tl.load(pad_ptr + rr.to(tl.int64) * pad_stride, mask=row_ok, other=0) != 0
+            if SKIP_PADDED_LOADS:
+                live = row_ok & (pad == 0)
     vv = tl.arange(0, VEC)[None, None, :]
     e_lane = lane * SP  # first expert of each lane
     rows64 = rows.to(tl.int64)[:, None]
-    if FLAT:  # [1, BM P, VEC], lane fastest (see the docstring); offsets from a flat index, whose
-        # divisibility Triton's analysis follows (through a reshape it does not: 2-byte loads)
-        fi = tl.arange(0, BLOCK_M * P)[None, :, None]
-        frow = pid * BLOCK_M + fi // P
+    if FLAT:  # offsets from the flat index, whose divisibility Triton's analysis follows (through a
+        # reshape it does not: 2-byte loads)
         e_flat = (fi % P) * SP
         rowp = logits_ptr + frow.to(tl.int64) * stride_t + e_flat + vv
         bp = bias_ptr + e_flat + vv
