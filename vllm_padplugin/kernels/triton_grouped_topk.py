@@ -157,9 +157,9 @@ def pad_reload_served(num_tokens: int, drops_groups: bool, itemsize: int) -> boo
 def flat_loads_served(num_tokens: int, drops_groups: bool, itemsize: int) -> bool:
     """Whether "regs" loads its logits as [1, BM P, VEC] (``FLAT``) instead of [BM, P, VEC]: not yet
     served anywhere (2026-12-07: waiting for its A/B on the device, whose Triton is 3.6).  SASS for
-    sm_90 of the served builds' common path (results/sass_flat_loads_by_triton.json): Triton 3.6 2.6-6.4 %
-    fewer instructions unmasked, 2.5-6.9 % masked (the shuffles that change the choices' layout gone,
-    the flags read flat); Triton 3.7, 3.8 and 3.9 order the loads lane-fastest already (-0.2 to +1.8 %
+    sm_90 of the served builds' common path (results/sass_flat_loads_by_triton.json): Triton 3.6 2.6-6.8 %
+    fewer instructions unmasked, 2.5-7.2 % masked (the shuffles that change the choices' layout gone,
+    the flags read flat); Triton 3.7, 3.8 and 3.9 order the loads lane-fastest already (0.0 to +1.8 %
     with it).  Where it wins, the rule to serve it is the installed Triton being older than 3.7."""
     return False
 
