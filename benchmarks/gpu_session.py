@@ -10,7 +10,7 @@ list lives here, in the repository, so a new checkout can send it without rebuil
 lane-fastest, 2.6-6.8 % fewer instructions with the device's Triton 3.6), ``bf16_pairs`` (bf16
 converted two a register, 2 % fewer) and ``pad_reload`` (the padding flag loaded again for the
 writes; all prepared 2026-12-07, not timed yet: every variant against the unmasked served build,
-unmasked and with the mask, nothing padded), the GPU tests of the
+unmasked and with the mask, nothing padded), the GPU tests of those three, the GPU tests of the
 served path and its variants, the served table (``gpu_masking.py``) with vLLM's own grouped top-k
 beside it where ``VLLM_SRC`` travelled (carry ``.device``; the two vLLM files
 ``benchmarks/vllm_grouped_topk.py`` reads: ``tar -C <vLLM 0.32.0 release tree> -cJf
@@ -51,9 +51,11 @@ class Stage:
     min_s: float = 30.0
 
 
+NEW_VARIANTS = "flat or bf16_pairs or pad_reload"  # prepared 2026-12-07, never run on a GPU
+NEW_TESTS = f"gpu and variants and ({NEW_VARIANTS})"
 SERVED_TESTS = ("gpu and ((matches_reference or wide_lanes or ties_lowest_id or in_cuda_graph) and not tile"
                 " and not rows and not parts and not variants"
-                " or variants and (top4 or pair_union or pad_reload or flat or bf16_pairs))")
+                f" or variants and (top4 or pair_union) and not ({NEW_VARIANTS}))")
 FLAT_RELOAD_AB = ("--candidate", "f:flat_loads=True", "--candidate", "fp:flat_loads=True,bf16_pairs=True",
                   "--candidate", "m:padding=none", "--candidate", "mfp:padding=none,flat_loads=True,bf16_pairs=True",
                   "--candidate", "mr:padding=none,pad_reload=True")
@@ -61,6 +63,8 @@ PLAN = (
     Stage("flat_reload_ab", ("{py}", "benchmarks/kernel_ab.py", "--padding", "off", "--tokens", "1024", "4096", "8192",
                              "16384", "32768", "--rounds", "15", *FLAT_RELOAD_AB, "--json", "{out}/kernel_ab_flat.json",
                              "--plot", "{out}/kernel_ab_flat.png"), 200, 60),
+    Stage("new_tests", ("{py}", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_triton_kernels.py",
+                        "-k", NEW_TESTS), 150),
     Stage("tests", ("{py}", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_triton_kernels.py",
                     "-k", SERVED_TESTS), 280),  # 200 s ran out on a fresh H200 (kernels compiling)
     Stage("served", ("{py}", "benchmarks/gpu_masking.py", "--skip-mask-table",
