@@ -173,19 +173,19 @@ def _grouped_topk_regs_kernel(
         rr = rows[:, None] + 0 * lane  # [BM, P]
     else:
         rr = rows[:, None]  # [BM, 1]
-    fi = tl.arange(0, BLOCK_M * P)[None, :, None]  # FLAT: [1, BM P, 1], lane fastest (see the docstring)
-    frow = pid * BLOCK_M + fi // P
+    if FLAT:  # a flat lane-fastest index, [1, BM P, 1] (see the docstring)
+        fi = tl.arange(0, BLOCK_M * P)[None, :, None]
+        frow = pid * BLOCK_M + fi // P
     if FLAT and SP <= 32:  # the row flags flat, [BM, P] by a reshape (free; the other way round is not)
         ok_f = frow < T
-        live_f = ok_f
+        lm = ok_f
         pad_f = ok_f & False
         if HAS_PAD:
             pad_f = tl.load(pad_ptr + frow.to(tl.int64) * pad_stride, mask=ok_f, other=0) != 0
             if SKIP_PADDED_LOADS:
-                live_f = ok_f & (pad_f == 0)
+                lm = ok_f & (pad_f == 0)
         row_ok = tl.reshape(ok_f, [BLOCK_M, P])
         pad = tl.reshape(pad_f, [BLOCK_M, P])
-        live = tl.reshape(live_f, [BLOCK_M, P])
     else:
         row_ok = rr < T
         live = row_ok
@@ -194,6 +194,10 @@ def _grouped_topk_regs_kernel(
             pad = tl.load(pad_ptr + rr.to(tl.int64) * pad_stride, mask=row_ok, other=0) != 0
             if SKIP_PADDED_LOADS:
                 live = row_ok & (pad == 0)
+        if FLAT:
+            lm = _flat(live, BLOCK_M, P)
+        else:
+            lm = live[:, :, None]
     vv = tl.arange(0, VEC)[None, None, :]
     e_lane = lane * SP  # first expert of each lane
     rows64 = rows.to(tl.int64)[:, None]
@@ -202,13 +206,11 @@ def _grouped_topk_regs_kernel(
         e_flat = (fi % P) * SP
         rowp = logits_ptr + frow.to(tl.int64) * stride_t + e_flat + vv
         bp = bias_ptr + e_flat + vv
-        lm = _flat(live, BLOCK_M, P)
     else:
         rowp = logits_ptr + rows64[:, :, None] * stride_t + e_lane[:, :, None] + vv  # [BM, P, VEC]
         # the bias as [BM, P, VEC] too (rows re-read it from L1): a [1, P, VEC] load gets another
         # layout and a shared-memory conversion per chunk
         bp = bias_ptr + (e_lane[:, :, None] + vv + 0 * rows[:, None, None])
-        lm = live[:, :, None]
 
     xs = _lane_logits(rowp, lm, VEC, NCH)  # every load first: NCH 16-byte loads in flight per lane
     if HAS_PAD and not SKIP_PADDED_LOADS and EARLY_FLAG:
