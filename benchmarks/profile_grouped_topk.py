@@ -198,6 +198,13 @@ def sass_counts() -> None:
               f"{r['shuffles']} shuffles, {r['registers']} registers, {r['stack']} B stack, loop bodies {r['loops']}")
 
 
+def _launch_kwargs(text: str) -> dict:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from gpu_masking import parse_kwargs
+
+    return parse_kwargs(text)
+
+
 def main() -> None:
     import argparse
 
@@ -210,6 +217,8 @@ def main() -> None:
                     help="launch regs' long-chain build (served before 2026-12-06)")
     ap.add_argument("--keep-padded-loads", action="store_true",
                     help="masked launches load padded rows' logits too (skip_padded_loads=False): no load waits for the flag")
+    ap.add_argument("--launch", type=_launch_kwargs, default={}, metavar="KEY=VALUE,...",
+                    help="more fused_grouped_topk keyword arguments, e.g. flat_loads=True (gpu_masking.parse_kwargs)")
     ap.add_argument("--sass", action="store_true", help="static SASS counts, no GPU (see the docstring)")
     args = ap.parse_args()
     if args.sass:
@@ -225,7 +234,7 @@ def main() -> None:
         none = torch.zeros_like(mask)
         kw = dict(topk=K, num_expert_group=G, topk_group=TG, routed_scaling_factor=scale,
                   kernel=args.kernel, num_warps=args.num_warps, short_chain=args.short_chain,
-                  skip_padded_loads=False if args.keep_padded_loads else None)
+                  skip_padded_loads=False if args.keep_padded_loads else None) | args.launch
         for m in (None, mask, none):
             fused_grouped_topk(x, b, is_padding=m, **kw)
         torch.cuda.synchronize()
