@@ -10,15 +10,15 @@ list lives here, in the repository, so a new checkout can send it without rebuil
 lane-fastest, 2.6-6.8 % fewer instructions with the device's Triton 3.6), ``bf16_pairs`` (bf16
 converted two a register, 2 % fewer) and ``pad_reload`` (the padding flag loaded again for the
 writes; all prepared 2026-12-07, not timed yet: every variant against the unmasked served build,
-unmasked and with the mask, nothing padded), the GPU tests of those three, an Nsight Compute profile
-of the served launches with the first two, the served table (``gpu_masking.py``) with vLLM's own
-grouped top-k beside it where ``VLLM_SRC`` travelled (carry ``.device``; the two vLLM files
-``benchmarks/vllm_grouped_topk.py`` reads: ``tar -C <vLLM 0.32.0 release tree> -cJf
-.device/vllm-0.32.0-grouped_topk.tar.xz vllm/model_executor/layers/fused_moe/router/grouped_topk_router.py
-vllm/model_executor/utils.py``), the mask's cost timed interleaved (``mask_cost.py``), the GPU tests
-of the served path and its variants, and an Nsight Compute profile of the served build masked and
-not.  Without the first three stages it ran on an H100 and on an H200 on 2026-12-07
-(benchmarks/RESULTS.md).
+unmasked and with the mask, nothing padded; since 2026-12-08 also the three together, masked), the
+GPU tests of those three, an Nsight Compute profile of the served launches with the first two, the
+served table (``gpu_masking.py``) with vLLM's own grouped top-k beside it where ``VLLM_SRC``
+travelled (carry ``.device``; the two vLLM files ``benchmarks/vllm_grouped_topk.py`` reads:
+``tar -C <vLLM 0.32.0 release tree> -cJf .device/vllm-0.32.0-grouped_topk.tar.xz
+vllm/model_executor/layers/fused_moe/router/grouped_topk_router.py vllm/model_executor/utils.py``),
+the mask's cost timed interleaved (``mask_cost.py``), the GPU tests of the served path and its
+variants, and an Nsight Compute profile of the served build masked and not.  Without the first
+three stages it ran on an H100 and on an H200 on 2026-12-07 (benchmarks/RESULTS.md).
 
     python benchmarks/gpu_session.py --out "$OUT"               # on the device (run tool)
     python benchmarks/gpu_session.py --out "$OUT" --budget 240 --only served tests
@@ -59,7 +59,8 @@ SERVED_TESTS = ("gpu and ((matches_reference or wide_lanes or ties_lowest_id or 
                 f" or variants and (top4 or pair_union) and not ({NEW_VARIANTS}))")
 FLAT_RELOAD_AB = ("--candidate", "f:flat_loads=True", "--candidate", "fp:flat_loads=True,bf16_pairs=True",
                   "--candidate", "m:padding=none", "--candidate", "mfp:padding=none,flat_loads=True,bf16_pairs=True",
-                  "--candidate", "mr:padding=none,pad_reload=True")
+                  "--candidate", "mr:padding=none,pad_reload=True",
+                  "--candidate", "mfpr:padding=none,flat_loads=True,bf16_pairs=True,pad_reload=True")
 # Nsight Compute of profile_grouped_topk's launches (per case no mask, 25 % padded, mask with nothing
 # padded; the command of RESULTS.md's ncu sections): where the served build spends its time
 NCU = ("ncu", "--clock-control", "none", "-k", "regex:_grouped_topk_regs", "--section", "WarpStateStats",
@@ -69,9 +70,9 @@ NCU = ("ncu", "--clock-control", "none", "-k", "regex:_grouped_topk_regs", "--se
 PLAN = (
     Stage("flat_reload_ab", ("{py}", "benchmarks/kernel_ab.py", "--padding", "off", "--tokens", "1024", "4096", "8192",
                              "16384", "32768", "--rounds", "15", *FLAT_RELOAD_AB, "--json", "{out}/kernel_ab_flat.json",
-                             "--plot", "{out}/kernel_ab_flat.png"), 200, 60),
+                             "--plot", "{out}/kernel_ab_flat.png"), 230, 60),
     Stage("new_tests", ("{py}", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_triton_kernels.py",
-                        "-k", NEW_TESTS), 150),
+                        "-k", NEW_TESTS), 180),
     # the same launches with flat_loads and bf16_pairs: do the instructions SASS counts save show as time
     Stage("ncu_flat", (*NCU, "--launch", "flat_loads=True,bf16_pairs=True"), 150, 60),
     Stage("served", ("{py}", "benchmarks/gpu_masking.py", "--skip-mask-table",

@@ -91,6 +91,10 @@ def sass_stats(kernels=None, routers=None):
                 variants["regs+mask+short+pairs+reload" + at] = (m._grouped_topk_regs_kernel,
                                                                  dict(masked, SHORT_CHAIN=True, PAIRS=True,
                                                                       PAD_RELOAD=True))
+                if dt == "bf16":  # and with the logits loaded lane-fastest, converted two a register
+                    variants["regs+mask+short+pairs+flat+bf16pairs+reload" + at] = (
+                        m._grouped_topk_regs_kernel, dict(masked, SHORT_CHAIN=True, PAIRS=True, PAD_RELOAD=True,
+                                                          FLAT=True, BF16_PAIRS=True))
                 # the same three served builds without the mask: what the mask changes in them; each,
                 # masked or not, also with its logits loaded lane-fastest (flat_loads) and, 16-bit, then
                 # converted two a register (bf16_pairs)

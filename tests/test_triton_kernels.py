@@ -324,10 +324,13 @@ def test_regs_pad_reload_issues_every_logits_load_up_front():
     then issues one of a lane's four logits loads after the first sigmoids (SASS for sm_90 compiled
     here, no GPU; Triton 3.6 and 3.9 alike): loading the flag again for the writes must leave every
     logits load up front.  The test also records that the build without it sinks one (if ptxas
-    stops doing so, the option has no reason left)."""
-    late = {r["name"]: r["late_loads"] for r in _sass_stats({"regs+mask+short+pairs", "regs+mask+short+pairs+reload"},
-                                                             ("deepseek-v3",)) if r["dtype"] == "bf16"}
-    assert late == {"regs+mask+short+pairs": 1, "regs+mask+short+pairs+reload": 0}, late
+    stops doing so, the option has no reason left).  The same for the build with ``flat_loads`` and
+    ``bf16_pairs`` (sinks one masked, Triton 3.6 and 3.9; with the reload none)."""
+    names = {"regs+mask+short+pairs", "regs+mask+short+pairs+reload", "regs+mask+short+pairs+flat+bf16pairs",
+             "regs+mask+short+pairs+flat+bf16pairs+reload"}
+    late = {r["name"]: r["late_loads"] for r in _sass_stats(names, ("deepseek-v3",)) if r["dtype"] == "bf16"}
+    assert late == {"regs+mask+short+pairs": 1, "regs+mask+short+pairs+reload": 0,
+                    "regs+mask+short+pairs+flat+bf16pairs": 1, "regs+mask+short+pairs+flat+bf16pairs+reload": 0}, late
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed: no compiler")
@@ -374,8 +377,8 @@ def test_regs_bf16_pairs_convert_with_fewer_instructions():
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed: no interpreter to run the kernel source")
 @pytest.mark.parametrize("variant", [{"top4": True}, {"pair_union": True}, {"pad_reload": True}, {"flat_loads": True},
-                                     {"flat_loads": True, "top4": True}],
-                         ids=["top4", "pair_union", "pad_reload", "flat_loads", "flat_loads_top4"])
+                                     {"flat_loads": True, "top4": True}, {"flat_loads": True, "pad_reload": True}],
+                         ids=["top4", "pair_union", "pad_reload", "flat_loads", "flat_loads_top4", "flat_pad_reload"])
 def test_regs_variants_change_no_bit_under_triton_interpreter(variant):
     """``top4`` (lanes sort their 4 best; the threshold by pairs of lanes, the write split: the
     common branch knows a lane takes at most 4) and ``pair_union`` (the lanes' 8-lists merged with
@@ -386,7 +389,7 @@ def test_regs_variants_change_no_bit_under_triton_interpreter(variant):
     split write fails here (checked by editing the kernel).  ``pad_reload`` (the padding flag
     loaded again for the writes) likewise, padded rows (-1, 0), and ``flat_loads`` (the logits and
     bias loaded lane-fastest, each column reshaped to [BM, P]; with ``top4`` its fallback loads them
-    again so)."""
+    again so; with ``pad_reload``, the flag flat for the loads and reloaded [BM, P] for the writes)."""
     _run_interpreted(
         """
         import torch
@@ -657,18 +660,19 @@ def test_gpu_regs_wide_lanes_matches_reference(E, G, TG, K, scale, T, dtype, lan
                                      {"short_chain": True, "top4": False, "pair_union": False},
                                      {"max_registers": 72}, {"pad_reload": True}, {"flat_loads": True},
                                      {"flat_loads": True, "early_flag": True, "skip_padded_loads": False},
-                                     {"flat_loads": True, "bf16_pairs": True}, {"bf16_pairs": True, "top4": True}],
+                                     {"flat_loads": True, "bf16_pairs": True}, {"bf16_pairs": True, "top4": True},
+                                     {"flat_loads": True, "bf16_pairs": True, "pad_reload": True}],
                          ids=["long_chain", "short_chain", "early_flag", "top4", "top8", "pair_union",
                               "no_pair_union", "max_registers_72", "pad_reload", "flat_loads", "flat_early_flag",
-                              "flat_bf16_pairs", "bf16_pairs_top4"])
+                              "flat_bf16_pairs", "bf16_pairs_top4", "flat_bf16_pairs_reload"])
 def test_gpu_regs_variants_match_reference(E, G, TG, K, scale, T, dtype, variant):
     """The "regs" variants benchmarks/kernel_ab.py and mask_cost.py time against the served build
     (the long and the short chain, each forced; the flag loaded early; lanes keeping their 4 best,
     with the threshold by pairs of lanes and the write split, or their 8, forced; the union of
     8-lists by pairs of lanes or by a butterfly, forced; a register cap of 72; the flag loaded again
     for the writes; the logits loaded lane-fastest, alone and with the early flag; bf16 converted
-    two a register, with them and with top4's fallback), at the sizes they time, with a bias and a
-    mask; integer logits (ties everywhere, so top4's fallback) too."""
+    two a register, with them, with top4's fallback and with the flag reloaded), at the sizes they
+    time, with a bias and a mask; integer logits (ties everywhere, so top4's fallback) too."""
     _regs_matches_reference(E, G, TG, K, scale, T, dtype, T + E + 3, **variant)
 
 
