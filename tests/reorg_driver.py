@@ -19,7 +19,8 @@ plugin reads its files, as it would read a newer vLLM.
 
 ``--fused-moe``: the MoE layer package moves too (``vllm.model_executor.layers.fused_moe`` ->
 ``vllm.runtime.modeling.layers.fused_moe``): the router factory AND its binding site (layer.py)
-live elsewhere; the plugin must find both.
+live elsewhere; the plugin must find both, beside a second MoE path with its own same-named
+factory and ``layer.py`` (as vLLM main's ``hw_agnostic`` has: ``reorg_tree.add_second_moe_path``).
 
 Prints ``RESULT=<json>``.
 """
@@ -65,6 +66,8 @@ def reorganise(shim: str | None, remove: str | None, fused_moe: bool = False) ->
     moves = reorg_tree.MAIN_MOVES + ((reorg_tree.Move(FUSED_MOE, FUSED_MOE_NEW),) if fused_moe else ())
     moves = reorg_tree.with_shims(moves, shim) if shim else moves
     reorg_tree.build(site, root, moves)
+    if fused_moe:
+        reorg_tree.add_second_moe_path(root)
     if remove:
         reorg_tree.remove_symbol(root, "", remove, f"{remove}_gone")
     return str(root)

@@ -196,6 +196,18 @@ def build(src_root: str | os.PathLike, dest: str | os.PathLike, moves=MAIN_MOVES
     return dest
 
 
+SECOND_MOE_PATH = Path(__file__).resolve().parent / "fixtures" / "compat" / "drift" / "second_moe_path"
+
+
+def add_second_moe_path(dest: str | os.PathLike) -> None:
+    """Add a second MoE path like vLLM main's ``vllm/model_executor/hw_agnostic`` (its own
+    ``create_fused_moe_router`` and a ``fused_moe/layer.py`` importing it; test-written files)."""
+    for f in SECOND_MOE_PATH.rglob("*.py"):
+        t = Path(dest) / f.relative_to(SECOND_MOE_PATH)
+        t.parent.mkdir(parents=True, exist_ok=True)
+        t.write_text(f.read_text())
+
+
 def remove_symbol(root: str | os.PathLike, module: str, name: str, new_name: str) -> None:
     """Really remove a symbol: rename its definition (and every use) in the whole tree."""
     root = Path(root)

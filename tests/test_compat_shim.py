@@ -76,6 +76,37 @@ def test_runtime_detects_drift_in_live_objects(loaded):
     assert ("readonly-property", "t_prop", None) in found
 
 
+def test_runtime_binding_sites_skip_a_same_named_vllm_factory(loaded, monkeypatch):
+    """The live answer counts the real layer module (it holds the wrapped factory's original or
+    our wrapper) and a foreign factory assigned into a vLLM module, not a vLLM module holding
+    ANOTHER vLLM module's same-named function (vLLM main's hw_agnostic MoE path).  The two
+    extra modules are fakes of modules vLLM 0.32 does not have, put in ``sys.modules``."""
+    import sys
+    import types
+
+    from vllm_padplugin import live_answers
+    from vllm_padplugin.surface import get
+
+    factory = get("router_factory")
+    name = factory.qualname
+
+    def fake_module(mod_name, func_module):
+        def f(top_k, global_num_experts):
+            return None
+        f.__module__ = func_module
+        m = types.ModuleType(mod_name)
+        setattr(m, name, f)
+        monkeypatch.setitem(sys.modules, mod_name, m)
+
+    other = "vllm.model_executor.hw_agnostic_fake.layers.fused_moe.layer"
+    fake_module(other, "vllm.model_executor.hw_agnostic_fake.layers.fused_moe.router.router_factory")
+    foreign = "vllm.models.fake_site_of_another_plugin"
+    fake_module(foreign, "vllm_other_plugin.factory")
+    sites = live_answers.binding_sites(factory.module, name)
+    assert "vllm.model_executor.layers.fused_moe.layer" in sites and foreign in sites
+    assert other not in sites
+
+
 def test_emit_one_warning_per_finding(caplog):
     fs = [Finding("param-removed", "a.b", "d1"), Finding("new-binding-site", "c.d", "d2", severity="info")]
     with caplog.at_level(logging.INFO, logger="vllm_padplugin"):

@@ -140,3 +140,14 @@ def test_our_own_package_as_other_plugin_has_no_false_positive(releases_dir):
         out, code = run_compat(vllm_src=releases_dir / v, plugin_src=pkg, fmt="json")
         doc = json.loads(out)
         assert [f for f in doc["findings"] if f["severity"] == "breaking"] == [], (v, doc["findings"])
+
+
+def test_same_named_factory_elsewhere_is_no_binding_site(tmp_path):
+    """vLLM main has a second MoE path (``vllm/model_executor/hw_agnostic``) whose layer imports
+    its OWN ``create_fused_moe_router``: not a binding site of the factory the plugin wraps (a
+    rule by name alone reported it); a module importing ours through a package's re-export
+    still is one, and so is that package."""
+    code, doc = _run(make_tree(tmp_path, "second_moe_path", "reexport_site"), None)
+    sites = {f["item"] for f in doc["findings"] if f["kind"] == "new-binding-site"}
+    assert sites == {"vllm.model_executor.layers.fused_moe.router", "vllm.models.demo.via_package"}, doc
+    assert code == 0 and doc["breaking"] == 0

@@ -20,6 +20,7 @@ import pytest
 import reorg_tree
 from compat_helpers import FX
 from vllm_padplugin.cli.compat import run_compat
+from vllm_padplugin.relocate import moved_like
 
 FACTS = Path(__file__).resolve().parent / "fixtures" / "reorg" / "main_facts.json"
 # registry module -> where the reorganised tree defines what the plugin uses
@@ -144,7 +145,9 @@ def test_compat_against_facts_of_real_main(tmp_path):
     """The fake vLLM of the compat fixtures, reorganised as main's snapshots show: the
     forward context module is written from the facts at its new path (nothing left at the
     old one), envs/platforms/config moved as the listed paths say (their content stays the
-    fixture's: see not_verified in the facts file)."""
+    fixture's: see not_verified in the facts file), and main's second MoE paths written from
+    the facts (their own create_fused_moe_router, a layer importing it): nothing reported for
+    them."""
     facts = json.loads(FACTS.read_text())
     t = tmp_path / "main"
     shutil.copytree(FX / "vllm_base", t)
@@ -168,6 +171,15 @@ def test_compat_against_facts_of_real_main(tmp_path):
         shutil.move(str(t / old), str(dst))
     (t / "vllm/foundation/config/__init__.py").write_text(
         (t / "vllm/foundation/config/__init__.py").read_text().replace("vllm.config.", "vllm.foundation.config."))
+    for name, spec in facts["second_moe_paths"]["modules"].items():   # their own same-named factories
+        dst = t / (name.replace(".", "/") + ".py")
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        for d in dst.relative_to(t / "vllm").parents:
+            init = t / "vllm" / d / "__init__.py"
+            if not init.exists():
+                init.write_text("")
+        dst.write_text(_py_module(spec) if "defines" in spec else
+                       "".join("from {} import {}\n".format(*i.split(":")) for i in spec["imports"]))
     code, doc = _compat(t)
     assert code == 0 and doc["breaking"] == 0, doc["findings"]
     got = moved(doc)
@@ -175,7 +187,7 @@ def test_compat_against_facts_of_real_main(tmp_path):
     assert got["vllm.envs"]["moved_to"] == ["vllm.foundation.system.envs"]
     assert got["vllm.platforms"]["moved_to"] == ["vllm.backends.platform"]
     assert got["vllm.config"]["moved_to"] == ["vllm.foundation.config.vllm"]
-    # the router factory and the layer did not move on main: no finding for them
+    # the router factory and the layer did not move on main, the second paths are not ours: no finding
     assert not any("fused_moe" in f["symbol"] for f in doc["findings"])
 
 
@@ -192,3 +204,57 @@ def test_factory_and_layer_module_moved_too(releases_dir, tmp_path):
     assert got[f"{old}.layer"]["moved_to"] == [f"{new}.layer"]
     assert got[f"{old}.router.grouped_topk_router"]["moved_to"] == [f"{new}.router.grouped_topk_router"]
     assert {f["kind"] for f in doc["findings"]} == {"symbol-moved"} and doc["mode"] == "native"
+
+
+SECOND = "vllm.model_executor.hw_agnostic.layers.fused_moe"
+
+
+def test_moved_factory_beside_a_second_moe_path(releases_dir, tmp_path):
+    """vLLM main also has a second MoE path (``hw_agnostic``: its own create_fused_moe_router
+    and fused_moe/layer.py).  Were the MoE package to move, the search finds two of each; the
+    one where the package's other modules (GroupedTopKRouter's, BaseRouter's, the config's)
+    moved is taken, and the report names both candidates.  No binding-site finding for the
+    second path's layer: it imports its own factory."""
+    new = "vllm.runtime.modeling.layers.fused_moe"
+    moves = reorg_tree.MAIN_MOVES + (reorg_tree.Move("vllm.model_executor.layers.fused_moe", new),)
+    tree = reorg_tree.build(releases_dir / "0.32.0", tmp_path / "fm2", moves)
+    reorg_tree.add_second_moe_path(tree)
+    code, doc = _compat(tree)
+    assert code == 0 and doc["breaking"] == 0, doc["findings"]
+    got = moved(doc)
+    old = "vllm.model_executor.layers.fused_moe"
+    for mod in ("router.router_factory", "layer"):
+        f = got[f"{old}.{mod}"]
+        assert f["moved_to"] == [f"{new}.{mod}"] and f["via"] == "siblings", f
+        assert f"{SECOND}.{mod}" in f["detail"] and f"{new}.{mod}" in f["detail"]
+    assert {f["kind"] for f in doc["findings"]} == {"symbol-moved"}
+
+
+def test_factory_moved_alone_beside_a_second_moe_path_is_ambiguous(releases_dir, tmp_path):
+    """Only the factory's module moves (no package-mate moved with it): two candidates and no
+    sibling to tell them apart: breaking, naming both, never a guess."""
+    rf = "vllm.model_executor.layers.fused_moe.router.router_factory"
+    tree = reorg_tree.build(releases_dir / "0.32.0", tmp_path / "rf",
+                            reorg_tree.MAIN_MOVES + (reorg_tree.Move(rf, "vllm.runtime.routing.router_factory"),))
+    reorg_tree.add_second_moe_path(tree)
+    code, doc = _compat(tree)
+    amb = [f for f in doc["findings"] if f["kind"] == "symbol-ambiguous"]
+    assert code == 1 and amb, doc["findings"]
+    assert all(f["candidates"] == [f"{SECOND}.router.router_factory", "vllm.runtime.routing.router_factory"]
+               for f in amb if "router_factory" in f["symbol"])
+
+
+@pytest.mark.parametrize("old,new,module,want", [
+    # the MoE package moved: a module of it moves the same way
+    ("vllm.model_executor.layers.fused_moe.config", "vllm.runtime.modeling.layers.fused_moe.config",
+     "vllm.model_executor.layers.fused_moe.layer", "vllm.runtime.modeling.layers.fused_moe.layer"),
+    # a file moved alone: its head is the package; a sibling file maps into the new package
+    ("vllm.forward_context", "vllm.runtime.execution.forward_context", "vllm.envs",
+     "vllm.runtime.execution.envs"),
+    # not under the moved head: no answer
+    ("vllm.a.b.x", "vllm.c.x", "vllm.z.y", ""),
+    # the moved module itself is not "like" anything: the head alone names no module
+    ("vllm.a.x", "vllm.b.x", "vllm.a", ""),
+])
+def test_moved_like(old, new, module, want):
+    assert moved_like(old, new, module) == want

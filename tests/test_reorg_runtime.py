@@ -13,7 +13,8 @@ it in a fresh interpreter:
   backport; the factory module's platform is the FAKE ``NotCpuPlatform`` proxy of
   test_router_masking, since GroupedTopKRouter is only built off-CPU): padded rows masked,
   real rows identical to upstream's router; also with main's "sys.modules alias" shims;
-- the MoE layer package moves too (factory AND binding site elsewhere): routers still built
+- the MoE layer package moves too (factory AND binding site elsewhere), beside a second MoE
+  path with its own same-named factory (vLLM main's ``hw_agnostic``): routers still built
   through our factory at the layer's new home, same tokens, masking correct;
 - a symbol really removed (renamed everywhere) is still red: one warning naming it.
 """
@@ -149,4 +150,9 @@ def test_factory_and_layer_moved_too_binding_site_found(runs):
     moved = {d["symbol"]: d["moved_to"] for d in rep["drift"] if d["kind"] == "symbol-moved"}
     assert moved["vllm.model_executor.layers.fused_moe.layer"] == [f"{new}.layer"]
     assert moved["vllm.model_executor.layers.fused_moe.router.router_factory"] == [f"{new}.router.router_factory"]
+    # beside the second MoE path (its own same-named factory and layer.py): told apart by where
+    # the package's other modules moved; its layer is no binding site of ours
+    via = {d["symbol"]: d.get("via") for d in rep["drift"] if d["kind"] == "symbol-moved"}
+    assert via["vllm.model_executor.layers.fused_moe.router.router_factory"] == "siblings"
+    assert not any("hw_agnostic" in site for site in rep["binding_sites"])
     assert res["generated_token_ids"] == off["generated_token_ids"]

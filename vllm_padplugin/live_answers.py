@@ -110,17 +110,28 @@ def abstract_methods(module: str, qualname: str):
 
 
 def binding_sites(module: str, name: str) -> list[str]:
-    """Imported vLLM modules holding ``name`` (not yet imported ones: the loader's import hook)."""
+    """Imported vLLM modules holding ``name`` (not yet imported ones: the loader's import hook);
+    not those holding a same-named function another vLLM module defines (``importers``' rule)."""
     out = []
     for mod_name, mod in list(sys.modules.items()):
         if mod is None or mod_name == module or not mod_name.startswith("vllm."):
             continue
         try:
-            if name in vars(mod):
+            if name in vars(mod) and not _other_vllm_definition(vars(mod)[name], module):
                 out.append(mod_name)
         except TypeError:
             continue
     return sorted(out)
+
+
+def _other_vllm_definition(value, module: str) -> bool:
+    """``value`` is a function (wrappers unwrapped) defined in a vLLM module other than ``module``."""
+    try:
+        func = inspect.unwrap(value)
+    except ValueError:
+        return False
+    home = getattr(func, "__module__", None) if inspect.isfunction(func) else None
+    return isinstance(home, str) and (home == "vllm" or home.startswith("vllm.")) and home != module
 
 
 ASK = {f.__name__: f for f in (has_module, lazy_module, defined_here, lookup, abstract_methods, binding_sites)}

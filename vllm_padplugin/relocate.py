@@ -12,7 +12,13 @@ symbol; this module resolves every entry, in this order:
 3. the registry's ``moved_to`` hint;
 4. a static search of the vLLM files (``ast``; never an import) for a module that defines
    the symbol with the properties the plugin relies on (kind, parameters, class members).
-   Two candidates are an error naming both, never a guess.
+   Two candidates are an error naming both, never a guess, unless exactly one of them is
+   where the entry's package-mates moved (5.).
+5. siblings: an ambiguous entry whose old module, moved the way another entry's verified
+   move went (the same dotted head replaced), names exactly one of its candidates, is taken
+   there.  vLLM main has a second MoE path (``vllm/model_executor/hw_agnostic``) with its own
+   ``create_fused_moe_router`` and ``fused_moe/layer.py``: were the MoE package to move,
+   the search alone would find two of each.
 
 Optional entries (the legacy runner, removed in 0.34) are never searched: their successor
 is a different thing, and "absent" is already fine for them.
@@ -56,9 +62,9 @@ class Location:
     module: str                  # where the plugin uses it now
     qualname: str
     status: str                  # known | moved | missing | ambiguous
-    via: str = ""                # moved: "shim" | "hint" | "search"
+    via: str = ""                # moved: "shim" | "hint" | "search" | "siblings"
     old: str = ""                # the registry's module, when moved
-    candidates: tuple[str, ...] = ()   # ambiguous: every module that matched
+    candidates: tuple[str, ...] = ()   # ambiguous, siblings: every module that matched
 
     @property
     def path(self) -> str:
@@ -101,7 +107,10 @@ class Relocation:
         for (old, new, via), locs in groups.items():
             names = sorted({loc.qualname or f"module {old}" for loc in locs})
             how = {"shim": "the old path forwards to it", "hint": "the registry's moved_to hint",
-                   "search": "a static search of the vLLM files"}[via]
+                   "search": "a static search of the vLLM files",
+                   "siblings": "the one of the search's candidates ("
+                               + ", ".join(locs[0].candidates) + ") where its package-mates moved",
+                   }[via]
             out.append(Finding(
                 kind=SYMBOL_MOVED, symbol=old, severity="info", key=locs[0].key,
                 detail=f"found {', '.join(names)} at {new} (moved from {old}; via {how}); "
@@ -141,6 +150,7 @@ def relocate(view, surface=SURFACE, search=None, prior: Relocation | None = None
             rel.locations[s.key] = loc
             continue
         rel.locations[s.key] = resolve_symbol(view, s, search)
+    _by_siblings(rel)
     # a symbol found nowhere whose module-mates all moved to ONE new module is reported as
     # removed from THAT module (not "module gone"): the move is known, the symbol is not there
     homes: dict[str, set[str]] = {}
@@ -159,6 +169,33 @@ def relocate(view, surface=SURFACE, search=None, prior: Relocation | None = None
             rel.sites[s.key] = tuple(moved_modules.get(site) or relocate_site(view, site, fac, search)
                                      for site in s.sites)
     return rel
+
+
+def _by_siblings(rel: Relocation) -> None:
+    """Step 5 of the module docstring: settle an ambiguous entry by its package-mates' moves."""
+    moves = rel.moved()
+    for key, loc in list(rel.locations.items()):
+        if loc.status != AMBIGUOUS:
+            continue
+        hits = {moved_like(m.old, m.module, loc.old) for m in moves} & set(loc.candidates)
+        if len(hits) == 1:
+            rel.locations[key] = Location(key, hits.pop(), loc.qualname, MOVED, "siblings", loc.old,
+                                          loc.candidates)
+
+
+def moved_like(old: str, new: str, module: str) -> str:
+    """Pure: ``module`` moved as ``old`` moved to ``new`` (their common dotted tail kept, the head
+    before it replaced); "" when ``module`` is not under that head.
+    ``moved_like("a.b.x.y", "a.c.x.y", "a.b.z")`` is ``"a.c.z"``."""
+    a, b = old.split("."), new.split(".")
+    n = 0
+    while n < min(len(a), len(b)) - 1 and a[-1 - n] == b[-1 - n]:
+        n += 1
+    head_old, head_new = a[:len(a) - n], b[:len(b) - n]
+    parts = module.split(".")
+    if parts[:len(head_old)] != head_old or len(parts) == len(head_old):
+        return ""
+    return ".".join(head_new + parts[len(head_old):])
 
 
 def resolve_symbol(view, s: Symbol, search) -> Location:

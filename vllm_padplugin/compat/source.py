@@ -384,7 +384,10 @@ class Tree:
         return sorted(out)
 
     def importers(self, module: str, name: str) -> list[str]:
-        """Modules binding ``name`` imported by name from ``module`` (binding sites)."""
+        """Modules binding ``name`` imported by name from ``module`` (binding sites), directly or
+        through a re-export.  A vLLM module importing a same-named symbol that another module
+        defines is not one (vLLM main's ``hw_agnostic`` MoE layers import their own
+        ``create_fused_moe_router``); an import whose source cannot be resolved here still counts."""
         out = []
         for rel in self.reader.grep(name):
             mod_name = rel[:-3].replace("/", ".")
@@ -396,9 +399,16 @@ class Tree:
             if m is None:
                 continue
             target = m.imports.get(name, "")
-            if target == f"{module}:{name}" or target.endswith(f":{name}") and target.split(":")[0].startswith("vllm"):
+            src, _, imported = target.partition(":")
+            if target == f"{module}:{name}" or (imported == name and src.startswith("vllm")
+                                                and self._defined_in(src, name) in (module, None)):
                 out.append(mod_name)
         return sorted(out)
+
+    def _defined_in(self, module: str, name: str) -> str | None:
+        """The module defining ``module:name`` after re-exports; None when not resolvable here."""
+        r = self.resolve(module, name)
+        return None if r is None or r.node is None else r.module.name
 
 
 def function_params(src_root: str | os.PathLike, module: str, qualname: str) -> list[Param] | None:
