@@ -248,6 +248,50 @@ def test_backport_fused_topk_same_experts(env):
 
 
 @pytest.mark.vllm
+def test_fused_topk_leaves_16bit_logits_to_upstream(env):
+    """PADPLUGIN_FUSED_TOPK=1 with bf16 router logits: upstream's grouped top-k routes them,
+    padded rows masked, every other row bit for bit upstream's.  The fused kernel computes a
+    16-bit logit's sigmoid in fp32, upstream in the logits' dtype: its weights would differ by
+    up to 0.5 % (benchmarks/logits16_semantics.py), where the opt-in promises 1e-6.  (vLLM
+    0.32's DeepSeek-V2/V3 gate returns the weight's dtype unless the config sets
+    ``moe_router_dtype: float32``.)"""
+    from test_router_masking import assert_masked_rows_only
+    from vllm.config import VllmConfig
+    from vllm.forward_context import set_forward_context
+
+    _fake_cuda(env["mp"])
+    env["mp"].setenv(routing.FUSED_TOPK_ENV, "1")
+    router = build(env["layer"].create_fused_moe_router)
+    assert getattr(router, routing.FUSED_ATTR) is True      # served for fp32 logits
+    h, logits = inputs()
+    logits = logits.to(torch.bfloat16)
+    with set_forward_context(None, VllmConfig(), num_tokens=T, is_padding=mask()):
+        w, ids = router.select_experts(h, logits)[:2]
+    rw, rids = build(env["upstream"]).select_experts(h, logits)[:2]
+    assert_masked_rows_only(w, ids, rw, rids)
+
+
+@pytest.mark.vllm
+@pytest.mark.compat
+def test_16bit_logits_are_routed_in_their_dtype_upstream():
+    """Why the rule above exists, on the installed vLLM: its grouped_topk (its torch path,
+    compiled as vLLM compiles it) on 16-bit logits gives weights more than 1e-4 relative away
+    from fp32 arithmetic (the fused kernel's), on fp32 logits within 1e-6.  Fails once upstream
+    computes 16-bit logits in fp32: then the fused kernel may serve them too."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from gpu_masking import ROUTERS
+    from logits16_semantics import compare
+
+    r32 = compare(256, ROUTERS["deepseek-v3"], torch.float32, 0)
+    r16 = compare(256, ROUTERS["deepseek-v3"], torch.bfloat16, 0)
+    assert r32["rows_other_set"] == 0 and r32["max_rel_weight_diff"] < 1e-6, r32
+    assert r16["max_rel_weight_diff"] > 1e-4, r16
+
+
+@pytest.mark.vllm
 def test_native_fast_mask_swaps_upstream_masking(env):
     """0.31+: with the patch on, upstream's masked_fill is off and ours masks once, bit-identical."""
     from conftest import vllm_version_tuple
