@@ -10,7 +10,8 @@ list lives here, in the repository, so a new checkout can send it without rebuil
 lane-fastest, 2.6-6.8 % fewer instructions with the device's Triton 3.6), ``bf16_pairs`` (bf16
 converted two a register, 2 % fewer) and ``pad_reload`` (the padding flag loaded again for the
 writes; all prepared 2026-12-07, not timed yet: every variant against the unmasked served build,
-unmasked and with the mask, nothing padded; since 2026-12-08 also the three together, masked), the
+unmasked and with the mask, nothing padded, and the three together masked), float32 logits first
+(the only ones the router serves the fused kernel for), then 16-bit ones, the
 GPU tests of those three, an Nsight Compute profile of the served launches with the first two, the
 served table (``gpu_masking.py``) with vLLM's own grouped top-k beside it where ``VLLM_SRC``
 travelled (carry ``.device``; the two vLLM files ``benchmarks/vllm_grouped_topk.py`` reads:
@@ -57,10 +58,15 @@ NEW_TESTS = f"gpu and variants and ({NEW_VARIANTS})"
 SERVED_TESTS = ("gpu and ((matches_reference or wide_lanes or ties_lowest_id or in_cuda_graph) and not tile"
                 " and not rows and not parts and not variants"
                 f" or variants and (top4 or pair_union) and not ({NEW_VARIANTS}))")
-FLAT_RELOAD_AB = ("--candidate", "f:flat_loads=True", "--candidate", "fp:flat_loads=True,bf16_pairs=True",
-                  "--candidate", "m:padding=none", "--candidate", "mfp:padding=none,flat_loads=True,bf16_pairs=True",
-                  "--candidate", "mr:padding=none,pad_reload=True",
-                  "--candidate", "mfpr:padding=none,flat_loads=True,bf16_pairs=True,pad_reload=True")
+# fp32 logits first: the only ones the router serves the fused kernel for (RESULTS.md, "Which rows of the tables
+# the plugin serves"); bf16_pairs acts on bf16 logits only
+AB_FP32 = ("--candidate", "f:flat_loads=True", "--candidate", "m:padding=none",
+           "--candidate", "mr:padding=none,pad_reload=True", "--candidate", "mfr:padding=none,flat_loads=True,pad_reload=True")
+AB_16BIT = ("--candidate", "f:flat_loads=True", "--candidate", "fp:flat_loads=True,bf16_pairs=True",
+            "--candidate", "m:padding=none", "--candidate", "mfp:padding=none,flat_loads=True,bf16_pairs=True",
+            "--candidate", "mr:padding=none,pad_reload=True",
+            "--candidate", "mfpr:padding=none,flat_loads=True,bf16_pairs=True,pad_reload=True")
+AB_TOKENS = ("--tokens", "1024", "4096", "8192", "16384", "32768", "--rounds", "15")
 # Nsight Compute of profile_grouped_topk's launches (per case no mask, 25 % padded, mask with nothing
 # padded; the command of RESULTS.md's ncu sections): where the served build spends its time
 NCU = ("ncu", "--clock-control", "none", "-k", "regex:_grouped_topk_regs", "--section", "WarpStateStats",
@@ -68,9 +74,10 @@ NCU = ("ncu", "--clock-control", "none", "-k", "regex:_grouped_topk_regs", "--se
        "smsp__inst_executed.sum,gpu__time_duration.sum,launch__registers_per_thread,dram__bytes_read.sum",
        "{py}", "benchmarks/profile_grouped_topk.py")
 PLAN = (
-    Stage("flat_reload_ab", ("{py}", "benchmarks/kernel_ab.py", "--padding", "off", "--tokens", "1024", "4096", "8192",
-                             "16384", "32768", "--rounds", "15", *FLAT_RELOAD_AB, "--json", "{out}/kernel_ab_flat.json",
-                             "--plot", "{out}/kernel_ab_flat.png"), 230, 60),
+    Stage("ab_fp32", ("{py}", "benchmarks/kernel_ab.py", "--padding", "off", *AB_TOKENS, "--dtypes", "fp32", *AB_FP32,
+                      "--json", "{out}/kernel_ab_fp32.json", "--plot", "{out}/kernel_ab_fp32.png"), 120, 60),
+    Stage("ab_16bit", ("{py}", "benchmarks/kernel_ab.py", "--padding", "off", *AB_TOKENS, "--dtypes", "bf16", *AB_16BIT,
+                       "--json", "{out}/kernel_ab_16bit.json", "--plot", "{out}/kernel_ab_16bit.png"), 170, 60),
     Stage("new_tests", ("{py}", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_triton_kernels.py",
                         "-k", NEW_TESTS), 180),
     # the same launches with flat_loads and bf16_pairs: do the instructions SASS counts save show as time
