@@ -141,6 +141,15 @@ def _py_module(spec: dict) -> str:
     return "\n".join(lines)
 
 
+def _make_packages(t: Path, dst: Path) -> None:
+    """The folders leading to ``dst`` under ``t/vllm``, each a package (an empty ``__init__.py``)."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    for d in dst.relative_to(t / "vllm").parents:
+        init = t / "vllm" / d / "__init__.py"
+        if not init.exists():
+            init.write_text("")
+
+
 def test_compat_against_facts_of_real_main(tmp_path):
     """The fake vLLM of the compat fixtures, reorganised as main's snapshots show: the
     forward context module is written from the facts at its new path (nothing left at the
@@ -163,21 +172,13 @@ def test_compat_against_facts_of_real_main(tmp_path):
                      ("vllm/platforms", "vllm/backends/platform"), ("vllm/config", "vllm/foundation/config")):
         assert rel + ("/__init__.py" if not rel.endswith(".py") else "") in facts["paths"]
         dst = t / rel
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        for d in dst.relative_to(t / "vllm").parents:
-            init = t / "vllm" / d / "__init__.py"
-            if not init.exists():
-                init.write_text("")
+        _make_packages(t, dst)
         shutil.move(str(t / old), str(dst))
     (t / "vllm/foundation/config/__init__.py").write_text(
         (t / "vllm/foundation/config/__init__.py").read_text().replace("vllm.config.", "vllm.foundation.config."))
     for name, spec in facts["second_moe_paths"]["modules"].items():   # their own same-named factories
         dst = t / (name.replace(".", "/") + ".py")
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        for d in dst.relative_to(t / "vllm").parents:
-            init = t / "vllm" / d / "__init__.py"
-            if not init.exists():
-                init.write_text("")
+        _make_packages(t, dst)
         dst.write_text(_py_module(spec) if "defines" in spec else
                        "".join("from {} import {}\n".format(*i.split(":")) for i in spec["imports"]))
     code, doc = _compat(t)
